@@ -1,0 +1,452 @@
+//! [`Bus`]: validate → route → dispatch, plus stats and close.
+//!
+//! A publish reads: admit (the close barrier), validate the topic, look up
+//! its route (a cache hit takes no lock and allocates nothing), wrap the value
+//! in one `Arc<Message>`, push it into matching stream mailboxes, and hand the
+//! handler deliveries to the dispatcher as one job. Subscribing validates the
+//! filter and adds an entry to the trie; dropping the handle removes it.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use crate::builder::BusBuilder;
+use crate::config::{Config, Overflow};
+use crate::dispatch::{Dispatcher, Env, Fanout, Policy, TaskGauge};
+use crate::error::Error;
+use crate::message::{Message, Metadata};
+use crate::receiver::{Mailbox, Pushed, Receiver};
+use crate::route::{Route, RouteCache};
+use crate::stats::{Counters, Stats};
+use crate::subscriber::{AsyncSink, HandlerEntry, Sink, Subscriber, SyncSink};
+use crate::subscription::{Handler, Remove, Subscription};
+use crate::sync::{AtomicU64, Ordering};
+use crate::topic::{validate_filter, validate_topic};
+use crate::trie::{Handlers, InsertError, SetKind, Streams, Trie};
+
+/// An in-process publish/subscribe bus carrying values of type `T`.
+///
+/// A cheap, cloneable handle: clones share one bus. `Send + Sync`; use it from
+/// any thread, inside or outside a tokio runtime.
+///
+/// ```
+/// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
+/// use blazesub::{Bus, Message};
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+///
+/// let bus: Bus<f64> = Bus::builder().build()?; // a worker pool, by default
+///
+/// let readings = Arc::new(AtomicU64::new(0));
+/// let seen = readings.clone();
+/// bus.subscribe("sensors/+/temp", move |m: &Message<f64>| {
+///     assert!(m.topic().ends_with("/temp"));
+///     seen.fetch_add(1, Ordering::Relaxed);
+/// })?
+/// .detach();
+///
+/// assert_eq!(bus.publish("sensors/kitchen/temp", 21.5)?, 1);
+/// assert_eq!(bus.publish("sensors/kitchen/humidity", 0.4)?, 0);
+///
+/// bus.close().await?; // waits for the handler to have run
+/// assert_eq!(readings.load(Ordering::Relaxed), 1);
+/// # Ok(()) }
+/// ```
+pub struct Bus<T> {
+    inner: Arc<BusInner<T>>,
+}
+
+/// A bus carrying `bytes::Bytes` payloads, as a bridge or a network service
+/// would: one shared buffer per publish, whatever the subscriber count.
+pub type ByteBus = Bus<bytes::Bytes>;
+
+struct BusInner<T> {
+    config: Config,
+    trie: Arc<Trie<T>>,
+    routes: RouteCache<T>,
+    env: Arc<Env>,
+    policy: Policy,
+    dispatcher: Dispatcher<T>,
+    next_id: AtomicU64,
+}
+
+/// Sizes of a bus's internal structures, for capacity planning and leak
+/// checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Footprint {
+    /// Nodes in the subscription trie (one per distinct filter level path).
+    pub trie_nodes: usize,
+    /// Route-cache slots holding a route that is still current.
+    pub cached_routes: usize,
+    /// Slots in the route cache (its fixed size).
+    pub route_cache_slots: usize,
+    /// Tasks of this bus alive now (task runners and continued async
+    /// deliveries).
+    pub live_tasks: usize,
+}
+
+impl<T> Clone for Bus<T> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<T: Send + Sync + 'static> Bus<T> {
+    /// A bus with `config`, on the tokio runtime this is called from, if any.
+    ///
+    /// Errors if the configuration is invalid, or if it asks for
+    /// `TaskPerSubscriber` outside a runtime.
+    pub fn new(config: Config) -> Result<Self, Error> {
+        Self::builder().config(config).build()
+    }
+
+    /// A builder starting from `Config::default()`.
+    pub fn builder() -> BusBuilder<T> {
+        BusBuilder::new()
+    }
+
+    pub(crate) fn from_parts(
+        config: Config,
+        handle: Option<tokio::runtime::Handle>,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        let env = Arc::new(Env {
+            counters: Arc::new(Counters::new()),
+            handle,
+            tasks: TaskGauge::new(config.max_inflight_tasks),
+            overflow: config.overflow,
+        });
+        let dispatcher = Dispatcher::start(&config, &env)?;
+        Ok(Self {
+            inner: Arc::new(BusInner {
+                policy: Policy::new(&config),
+                routes: RouteCache::new(config.route_cache_capacity),
+                trie: Arc::new(Trie::new()),
+                env,
+                dispatcher,
+                next_id: AtomicU64::new(1),
+                config,
+            }),
+        })
+    }
+
+    /// Subscribes `handler` to topics matching `filter`.
+    ///
+    /// The handler runs once per matching message, where the delivery mode
+    /// says (see [`DeliveryMode`](crate::DeliveryMode)); handlers make no
+    /// ordering promise. Dropping the returned [`Subscription`] unsubscribes.
+    ///
+    /// ```
+    /// use blazesub::{Bus, DeliveryMode, Message};
+    ///
+    /// let bus = Bus::<String>::builder().delivery(DeliveryMode::Inline).build()?;
+    /// let sub = bus.subscribe("logs/#", |m: &Message<String>| {
+    ///     tracing::info!(topic = m.topic(), line = %m.data());
+    /// })?;
+    /// assert!(bus.subscribe("logs/#/errors", |_: &Message<String>| {}).is_err());
+    /// # drop(sub);
+    /// # Ok::<(), blazesub::Error>(())
+    /// ```
+    pub fn subscribe<H: Handler<T>>(
+        &self,
+        filter: &str,
+        handler: H,
+    ) -> Result<Subscription, Error> {
+        self.add_handler(filter, SyncSink(handler))
+    }
+
+    /// Subscribes an async handler to topics matching `filter`.
+    ///
+    /// The future is polled once where the delivery runs; if it is not
+    /// finished, it continues as a task on the bus's runtime (within
+    /// `max_inflight_tasks`), so a handler that awaits holds up nobody. Needs
+    /// a runtime.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
+    /// use blazesub::{Bus, Message};
+    /// use std::sync::Arc;
+    ///
+    /// let bus = Bus::<u32>::builder().build()?;
+    /// let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    /// let _sub = bus.subscribe_async("jobs/#", move |m: Arc<Message<u32>>| {
+    ///     let tx = tx.clone();
+    ///     async move {
+    ///         tokio::task::yield_now().await;
+    ///         tx.send(*m.data()).unwrap();
+    ///     }
+    /// })?;
+    /// bus.publish("jobs/7", 7)?;
+    /// assert_eq!(rx.recv().await, Some(7));
+    /// # Ok(()) }
+    /// ```
+    pub fn subscribe_async<F, Fut>(&self, filter: &str, handler: F) -> Result<Subscription, Error>
+    where
+        F: Fn(Arc<Message<T>>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        if self.inner.env.handle.is_none() {
+            return Err(Error::NoRuntime {
+                what: "an async handler subscription",
+            });
+        }
+        self.add_handler(filter, AsyncSink(handler))
+    }
+
+    fn add_handler<S: Sink<T> + 'static>(
+        &self,
+        filter: &str,
+        sink: S,
+    ) -> Result<Subscription, Error> {
+        validate_filter(filter)?;
+        let id = self.next_id();
+        let entry: HandlerEntry<T> = Arc::new(Subscriber::new(id, sink));
+        self.insert::<Handlers>(filter, id, entry)
+    }
+
+    /// Subscribes a stream to topics matching `filter`: an ordered mailbox of
+    /// `Config::stream_capacity` messages, read with [`Receiver::recv`].
+    ///
+    /// Messages from one publisher arrive in publish order. When the mailbox
+    /// is full the oldest message is dropped and counted in
+    /// [`Receiver::lost`]; publishers never wait.
+    pub fn subscribe_stream(&self, filter: &str) -> Result<Receiver<T>, Error> {
+        self.subscribe_stream_with_capacity(filter, self.inner.config.stream_capacity)
+    }
+
+    /// [`Self::subscribe_stream`] with a mailbox of `capacity` messages.
+    pub fn subscribe_stream_with_capacity(
+        &self,
+        filter: &str,
+        capacity: usize,
+    ) -> Result<Receiver<T>, Error> {
+        validate_filter(filter)?;
+        if capacity == 0 {
+            return Err(Error::InvalidConfig {
+                field: "stream capacity",
+                value: capacity.to_string(),
+                reason: "must be at least 1",
+            });
+        }
+        let id = self.next_id();
+        let entry = Arc::new(Subscriber::new(id, Mailbox::new(capacity)));
+        let subscription = self.insert::<Streams>(filter, id, Arc::clone(&entry))?;
+        Ok(Receiver::new(
+            entry,
+            Arc::clone(&self.inner.env.counters),
+            subscription,
+        ))
+    }
+
+    fn next_id(&self) -> u64 {
+        self.inner.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn insert<K: SetKind<T>>(
+        &self,
+        filter: &str,
+        id: u64,
+        entry: Arc<Subscriber<K::Sink>>,
+    ) -> Result<Subscription, Error>
+    where
+        Subscriber<K::Sink>: Send + Sync,
+    {
+        let inner = &self.inner;
+        if inner.env.counters.is_closed() {
+            return Err(Error::Closed);
+        }
+        inner
+            .trie
+            .insert::<K>(filter, Arc::clone(&entry))
+            .map_err(|InsertError::Closed| Error::Closed)?;
+        inner.env.counters.subscribed();
+        let filter: Arc<str> = Arc::from(filter);
+        let remover = Remover::<T, K> {
+            trie: Arc::downgrade(&inner.trie),
+            filter: Arc::clone(&filter),
+            entry,
+            counters: Arc::clone(&inner.env.counters),
+            kind: PhantomData,
+        };
+        Ok(Subscription::new(id, filter, Box::new(remover)))
+    }
+
+    /// Publishes `data` to `topic`; returns how many subscriptions it matched.
+    ///
+    /// Never waits for a lock or for queue room. In `Inline` mode, and under
+    /// `Overflow::CallerRuns` when the pool or task cap is full, it runs
+    /// deliveries itself before returning.
+    ///
+    /// Errors: [`Error::Topic`] for an invalid topic name, [`Error::Closed`]
+    /// after `close`, and [`Error::Overloaded`] under `Overflow::Error` when
+    /// deliveries had to be dropped.
+    pub fn publish(&self, topic: &str, data: T) -> Result<usize, Error> {
+        self.publish_message(topic, data, None)
+    }
+
+    /// [`Self::publish`] with [`Metadata`] attached to the message.
+    pub fn publish_with(&self, topic: &str, data: T, metadata: Metadata) -> Result<usize, Error> {
+        self.publish_message(topic, data, Some(metadata))
+    }
+
+    fn publish_message(
+        &self,
+        topic: &str,
+        data: T,
+        metadata: Option<Metadata>,
+    ) -> Result<usize, Error> {
+        let inner = &*self.inner;
+        let counters = &inner.env.counters;
+        let _admitted = counters.begin_publish()?;
+        validate_topic(topic)?;
+        let route = inner.routes.route(&inner.trie, topic);
+        let message = Arc::new(Message::stamped(Arc::clone(&route.topic), data, metadata));
+        counters.published();
+        let mut matched = push_to_streams(&route, &message, counters);
+        matched += route.handlers.iter().map(|set| set.live()).sum::<usize>();
+        if let Some(job) = Fanout::new(message, route, &inner.policy) {
+            counters.accept(job.total());
+            let dropped = inner.dispatcher.dispatch(job, &inner.env);
+            if dropped > 0 && inner.config.overflow == Overflow::Error {
+                return Err(Error::Overloaded {
+                    topic: topic.to_owned(),
+                    dropped,
+                    matched,
+                });
+            }
+        }
+        Ok(matched)
+    }
+
+    /// Live subscriptions (handlers and streams).
+    pub fn subscriptions_count(&self) -> u64 {
+        self.inner.env.counters.subscriptions()
+    }
+
+    /// Deliveries accepted but not finished: queued, running, or async ones
+    /// still awaiting.
+    pub fn inflight_messages(&self) -> u64 {
+        self.inner.env.counters.inflight()
+    }
+
+    /// A snapshot of the bus's counters.
+    pub fn stats(&self) -> Stats {
+        self.inner.env.counters.snapshot()
+    }
+
+    /// Sizes of the bus's internal structures.
+    pub fn footprint(&self) -> Footprint {
+        let inner = &self.inner;
+        Footprint {
+            trie_nodes: inner.trie.node_count(),
+            cached_routes: inner.routes.current_entries(&inner.trie),
+            route_cache_slots: inner.routes.capacity(),
+            live_tasks: inner.env.tasks.live(),
+        }
+    }
+
+    /// The configuration the bus was built with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Whether [`Self::close`] has been called.
+    pub fn is_closed(&self) -> bool {
+        self.inner.env.counters.is_closed()
+    }
+
+    /// Closes the bus: refuses new publishes and subscriptions from now on
+    /// ([`Error::Closed`]), waits until every accepted delivery has finished,
+    /// then ends the stream receivers (after they drain) and stops the worker
+    /// pool. Gives up after `Config::close_timeout` with
+    /// [`Error::CloseTimeout`]; the bus stays closed and the remaining
+    /// deliveries still run.
+    ///
+    /// Works on any executor; calling it again waits again.
+    pub async fn close(&self) -> Result<(), Error> {
+        let inner = Arc::clone(&self.inner);
+        let result = match inner.env.counters.close_and_wait(Duration::ZERO) {
+            Ok(()) => Ok(()),
+            Err(_) => {
+                // Wait on a thread of our own, so no executor thread blocks.
+                let (done, waited) = tokio::sync::oneshot::channel();
+                let waiter = Arc::clone(&inner);
+                std::thread::Builder::new()
+                    .name("blazesub-close".into())
+                    .spawn(move || {
+                        let timeout = waiter.config.close_timeout;
+                        let _ = done.send(waiter.env.counters.close_and_wait(timeout));
+                    })
+                    .map_err(Error::Spawn)?;
+                waited.await.unwrap_or(Err(Error::Closed))
+            }
+        };
+        inner.trie.close_streams();
+        inner.dispatcher.shut_down();
+        result
+    }
+}
+
+/// Pushes `message` into every active mailbox of the route; returns how many
+/// stream subscriptions matched.
+fn push_to_streams<T>(route: &Route<T>, message: &Arc<Message<T>>, counters: &Counters) -> usize {
+    let mut matched = 0;
+    let mut dropped = 0;
+    for set in route.streams.iter() {
+        for entry in set.entries(set.len()) {
+            if !entry.is_active() {
+                continue;
+            }
+            matched += 1;
+            match entry.sink.push(Arc::clone(message)) {
+                Pushed::Queued => {}
+                Pushed::DisplacedOldest | Pushed::Closed => dropped += 1,
+            }
+        }
+    }
+    if dropped > 0 {
+        counters.dropped_now(dropped);
+    }
+    matched
+}
+
+/// Removes one subscription from its bus, if the bus still exists.
+struct Remover<T: 'static, K: SetKind<T>> {
+    trie: Weak<Trie<T>>,
+    filter: Arc<str>,
+    entry: Arc<Subscriber<K::Sink>>,
+    counters: Arc<Counters>,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<T: Send + Sync + 'static, K: SetKind<T>> Remove for Remover<T, K>
+where
+    Subscriber<K::Sink>: Send + Sync,
+{
+    fn remove(&self) {
+        let removed = match self.trie.upgrade() {
+            Some(trie) => trie.remove::<K>(&self.filter, &self.entry),
+            None => self.entry.deactivate(),
+        };
+        if removed {
+            self.counters.unsubscribed();
+        }
+    }
+}
+
+impl<T> fmt::Debug for Bus<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let counters = &self.inner.env.counters;
+        f.debug_struct("Bus")
+            .field("delivery", &self.inner.config.delivery)
+            .field("subscriptions", &counters.subscriptions())
+            .field("inflight", &counters.inflight())
+            .field("closed", &counters.is_closed())
+            .finish()
+    }
+}

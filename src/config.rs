@@ -1,0 +1,287 @@
+//! [`Config`]: every knob of a bus, with its default and the reason for it.
+//!
+//! `Config` implements `Default` and `serde::Deserialize` (missing fields take
+//! their defaults), so a service can keep it in its own configuration file:
+//!
+//! ```
+//! use blazesub::{Batch, Config, DeliveryMode, Overflow};
+//! use std::time::Duration;
+//!
+//! let config: Config = serde_json::from_str(r#"{
+//!     "delivery": "worker_pool",
+//!     "workers": 4,
+//!     "overflow": "drop",
+//!     "close_timeout": "5s"
+//! }"#).unwrap();
+//! assert_eq!(config.delivery, DeliveryMode::WorkerPool);
+//! assert_eq!(config.workers, 4);
+//! assert_eq!(config.overflow, Overflow::Drop);
+//! assert_eq!(config.batch, Batch::Chunked); // a default
+//! assert_eq!(config.close_timeout, Duration::from_secs(5));
+//! ```
+//!
+//! [`Bus::builder`](crate::Bus::builder) sets the same knobs in code.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+
+/// Where a subscriber's handler runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryMode {
+    /// Units of work run as tasks spawned on the bus's tokio runtime, at most
+    /// [`Config::max_inflight_tasks`] alive at once. Good for async handlers
+    /// that await; needs a tokio runtime.
+    TaskPerSubscriber,
+    /// Units of work run on a fixed pool of [`Config::workers`] threads fed by a
+    /// bounded queue of [`Config::queue_capacity`]. Safe for handlers that
+    /// block, and needs no runtime. The default.
+    #[default]
+    WorkerPool,
+    /// Every delivery runs on the publisher's thread before `publish` returns.
+    /// The fastest for cheap handlers; a handler that blocks blocks the
+    /// publisher. The threshold and overflow policy do not apply.
+    Inline,
+}
+
+/// How a publish that matches more than
+/// [`max_concurrent_subscriptions`](Config::max_concurrent_subscriptions)
+/// subscriptions is cut into units of work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Batch {
+    /// BlazeSub's policy, kept for parity and for the benches: one unit for all
+    /// matched subscriptions, and below the threshold one *executor job* (a
+    /// queued job or a spawned task) per subscription. It has BlazeSub's
+    /// cliff: setting the threshold at or above the subscriber count makes a
+    /// publish cost one job per subscriber.
+    Single,
+    /// About one chunk per worker (no chunk smaller than 32 subscriptions),
+    /// claimed by the workers from a shared cursor; below the threshold every
+    /// subscription is its own unit, but the units are claimed the same way
+    /// instead of each costing a job. No setting of the threshold is a trap.
+    /// The default.
+    #[default]
+    Chunked,
+}
+
+/// What happens when the worker pool's queue is full, or when
+/// [`Config::max_inflight_tasks`] tasks are already alive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Overflow {
+    /// The publisher runs the unit of work itself. Nothing is lost, and a
+    /// publisher that outruns its subscribers is slowed to their pace. The
+    /// default.
+    #[default]
+    CallerRuns,
+    /// The deliveries that could not be queued are dropped and counted in
+    /// [`Stats::dropped`](crate::Stats::dropped).
+    Drop,
+    /// Like `Drop`, and `publish` returns [`Error::Overloaded`].
+    Error,
+}
+
+/// The configuration of a [`Bus`](crate::Bus).
+///
+/// Build one with `Config::default()` and struct update syntax, deserialize it
+/// with serde, or use [`Bus::builder`](crate::Bus::builder).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Config {
+    /// Where handlers run. Default [`DeliveryMode::WorkerPool`]: bounded, needs
+    /// no runtime, and safe for handlers that block — the safe choice when a
+    /// bus does not know its handlers, as in BlazeSub.
+    pub delivery: DeliveryMode,
+    /// Worker threads in `WorkerPool` mode, and the most units of one publish
+    /// that run at once in `TaskPerSubscriber` mode. Default: the available
+    /// parallelism, since more runners than cores only adds switching for
+    /// CPU-bound handlers. Must be at least 1.
+    pub workers: usize,
+    /// The threshold `T`: a publish matching at most `T` subscriptions gives each
+    /// its own unit of work; above `T` it is batched (see [`Batch`]). Default 10,
+    /// BlazeSub's default, so individual delivery is kept for small fan-outs
+    /// where a slow handler should not hold up its neighbours.
+    pub max_concurrent_subscriptions: usize,
+    /// How a publish above the threshold is batched. Default
+    /// [`Batch::Chunked`], which has no performance cliff.
+    pub batch: Batch,
+    /// What a full queue or task cap does. Default [`Overflow::CallerRuns`]:
+    /// nothing is lost and the publisher is slowed instead.
+    pub overflow: Overflow,
+    /// Capacity of the worker pool's queue, in jobs (a publish takes one or a
+    /// few). Default 4,096: room for a burst of thousands of publishes before
+    /// the overflow policy applies, for about 100 KiB. Must be at least 1.
+    pub queue_capacity: usize,
+    /// The most tasks a `TaskPerSubscriber` bus (or an async handler still
+    /// running after its first poll) keeps alive at once. Default 1,024: enough
+    /// to keep every core busy through bursts, while a burst of 10,000 publishes
+    /// cannot queue gigabytes of tasks. Must be at least 1.
+    pub max_inflight_tasks: usize,
+    /// How many messages a stream subscription's mailbox holds. When it is full
+    /// the oldest message is dropped and counted, so `publish` never waits for a
+    /// reader. Default 1,024. Must be at least 1.
+    pub stream_capacity: usize,
+    /// Slots in the cache of topic → matching subscriptions. A publish to a
+    /// cached topic does not walk the subscription trie. Default 4,096 (about
+    /// 32 KiB when empty); rounded up to a power of two; 0 turns the cache off.
+    pub route_cache_capacity: usize,
+    /// How long [`Bus::close`](crate::Bus::close) waits for accepted deliveries
+    /// to finish. Default 30 s, long enough for any handler that is not stuck.
+    /// In configuration files: `"30s"`, `"250ms"`, `"2m"`, or a number of
+    /// seconds.
+    #[serde(with = "duration_text")]
+    pub close_timeout: Duration,
+}
+
+/// The smallest chunk [`Batch::Chunked`] cuts: below it, handing a chunk to
+/// another worker costs more than running it.
+pub(crate) const MIN_CHUNK: usize = 32;
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            delivery: DeliveryMode::default(),
+            workers: std::thread::available_parallelism().map_or(1, usize::from),
+            max_concurrent_subscriptions: 10,
+            batch: Batch::default(),
+            overflow: Overflow::default(),
+            queue_capacity: 4_096,
+            max_inflight_tasks: 1_024,
+            stream_capacity: 1_024,
+            route_cache_capacity: 4_096,
+            close_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Config {
+    /// Checks every field, naming the first that is invalid.
+    ///
+    /// ```
+    /// use blazesub::{Config, Error};
+    ///
+    /// let config = Config { workers: 0, ..Config::default() };
+    /// let err = config.validate().unwrap_err();
+    /// assert!(matches!(err, Error::InvalidConfig { field: "workers", .. }));
+    /// ```
+    pub fn validate(&self) -> Result<(), Error> {
+        let at_least_one = [
+            ("workers", self.workers),
+            ("queue_capacity", self.queue_capacity),
+            ("max_inflight_tasks", self.max_inflight_tasks),
+            ("stream_capacity", self.stream_capacity),
+        ];
+        for (field, value) in at_least_one {
+            if value == 0 {
+                return Err(Error::InvalidConfig {
+                    field,
+                    value: value.to_string(),
+                    reason: "must be at least 1",
+                });
+            }
+        }
+        if self.route_cache_capacity > 1 << 24 {
+            return Err(Error::InvalidConfig {
+                field: "route_cache_capacity",
+                value: self.route_cache_capacity.to_string(),
+                reason: "must be at most 16,777,216 slots",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Serde for durations written the way people write them in config files.
+mod duration_text {
+    use std::time::Duration;
+
+    use serde::de::{self, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        if d.subsec_nanos() == 0 {
+            s.serialize_str(&format!("{}s", d.as_secs()))
+        } else {
+            s.serialize_str(&format!("{}ms", d.as_millis()))
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        d.deserialize_any(DurationVisitor)
+    }
+
+    struct DurationVisitor;
+
+    impl Visitor<'_> for DurationVisitor {
+        type Value = Duration;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a duration such as \"30s\", \"250ms\", \"2m\", or a number of seconds")
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Duration, E> {
+            Ok(Duration::from_secs(v))
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Duration, E> {
+            u64::try_from(v)
+                .map(Duration::from_secs)
+                .map_err(|_| E::custom(format!("a duration cannot be negative: {v}")))
+        }
+
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Duration, E> {
+            Duration::try_from_secs_f64(v)
+                .map_err(|_| E::custom(format!("not a valid number of seconds: {v}")))
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Duration, E> {
+            super::parse_duration(v).ok_or_else(|| {
+                E::custom(format!(
+                    "not a duration: {v:?} (write it like \"30s\", \"250ms\", \"2m\" or \"1h\")"
+                ))
+            })
+        }
+    }
+}
+
+/// Parses `"250ms"`, `"30s"`, `"2m"`, `"1h"`, `"1.5s"`.
+fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let seconds = match unit.trim() {
+        "ms" => number / 1_000.0,
+        "s" => number,
+        "m" => number * 60.0,
+        "h" => number * 3_600.0,
+        _ => return None,
+    };
+    Duration::try_from_secs_f64(seconds).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("30s"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("s"), None);
+        assert_eq!(parse_duration("10"), None);
+        assert_eq!(parse_duration("10 weeks"), None);
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::default().validate().unwrap();
+    }
+}

@@ -1,0 +1,522 @@
+//! Dispatch: how a matched publish becomes work.
+//!
+//! - `mod.rs` — the threshold and batching policy ([`Plan`]), the
+//!   per-publish job ([`Fanout`]) and the runner loop, shared by every mode.
+//! - `tasks.rs` — `TaskPerSubscriber`: runners are tokio tasks, at most
+//!   `max_inflight_tasks` alive.
+//! - `pool.rs` — `WorkerPool`: runners are jobs on a bounded crossbeam queue
+//!   served by a fixed set of worker threads.
+//! - `inline.rs` — `Inline`: the publisher is the only runner.
+//! - `pending.rs` — async handlers whose future is not finished after its
+//!   first poll continue as tasks.
+//!
+//! # The policy
+//! A publish reaching `n` handler subscriptions (stream subscriptions are
+//! pushed to directly by the publisher; see `receiver.rs`) is cut into *units*
+//! of work, with threshold `T = max_concurrent_subscriptions`:
+//! - `n <= T`: one unit per subscription;
+//! - `n > T`, `Batch::Single`: one unit for all `n` (BlazeSub);
+//! - `n > T`, `Batch::Chunked`: about one unit per worker, none smaller than
+//!   `MIN_CHUNK` subscriptions.
+//!
+//! *Runners* (a queued job, a task, or the publisher) execute units. Each
+//! runner claims the next unit from the job's shared cursor with one atomic
+//! add, runs it, and claims again until none are left, so units are never
+//! tied to a runner: a slow handler holds up only the runner it is on, and
+//! any free runner takes the next unit. How many runners a job gets:
+//! - `Batch::Single` below the threshold: one per unit, each claiming exactly
+//!   one — BlazeSub's job per subscriber, and its cost (the cliff the `cliff`
+//!   bench reproduces);
+//! - `Batch::Chunked` below the threshold: one, which enlists a helper runner
+//!   whenever units remain and fewer than `workers` runners are on the job, so
+//!   under a burst each worker drains its own job with no contention, while a
+//!   lone publish still spreads over every idle worker;
+//! - above the threshold: one per unit (`Single`: one in all).
+//!
+//! # Accounting
+//! Every delivery handed to a job is in flight until a runner finishes it
+//! (delivered, panicked, skipped because its subscription left, or dropped by
+//! the overflow policy). Runners add up what they did in a [`Tally`] and
+//! publish it to the shared counters once per job, not once per delivery.
+
+mod inline;
+mod pending;
+mod pool;
+mod tasks;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+use tokio::runtime::Handle;
+
+use crate::config::{Batch, Config, DeliveryMode, Overflow, MIN_CHUNK};
+use crate::error::Error;
+use crate::message::Message;
+use crate::route::Route;
+use crate::stats::{Counters, Tally};
+use crate::subscriber::{BoxFuture, Delivery};
+use crate::sync::{AtomicBool, AtomicUsize, Ordering};
+
+pub(crate) use tasks::TaskGauge;
+
+/// How one publish is cut into units and handed to runners.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// Deliveries per unit.
+    pub(crate) unit: usize,
+    /// Runners started by the publisher.
+    pub(crate) runners: usize,
+    /// The most runners that may work on the job at once.
+    pub(crate) max_runners: usize,
+    /// Each runner claims one unit and stops (BlazeSub's job per unit).
+    pub(crate) single_claim: bool,
+}
+
+/// The knobs the policy reads.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Policy {
+    threshold: usize,
+    batch: Batch,
+    workers: usize,
+    inline: bool,
+}
+
+impl Policy {
+    pub(crate) fn new(config: &Config) -> Self {
+        Self {
+            threshold: config.max_concurrent_subscriptions,
+            batch: config.batch,
+            workers: config.workers,
+            inline: config.delivery == DeliveryMode::Inline,
+        }
+    }
+
+    pub(crate) fn plan(&self, deliveries: usize) -> Plan {
+        let n = deliveries.max(1);
+        if self.inline {
+            // One runner, the publisher, runs everything: the threshold does
+            // not apply.
+            return Plan {
+                unit: n,
+                runners: 1,
+                max_runners: 1,
+                single_claim: false,
+            };
+        }
+        match (n <= self.threshold, self.batch) {
+            (true, Batch::Single) => Plan {
+                unit: 1,
+                runners: n,
+                max_runners: n,
+                single_claim: true,
+            },
+            (true, Batch::Chunked) => Plan {
+                unit: 1,
+                runners: 1,
+                max_runners: n.min(self.workers),
+                single_claim: false,
+            },
+            (false, Batch::Single) => Plan {
+                unit: n,
+                runners: 1,
+                max_runners: 1,
+                single_claim: true,
+            },
+            (false, Batch::Chunked) => {
+                let chunks = self.workers.min(n / MIN_CHUNK).max(1);
+                Plan {
+                    unit: n.div_ceil(chunks),
+                    runners: chunks,
+                    max_runners: chunks,
+                    single_claim: false,
+                }
+            }
+        }
+    }
+}
+
+/// What every runner of a bus shares.
+pub(crate) struct Env {
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) handle: Option<Handle>,
+    pub(crate) tasks: TaskGauge,
+    pub(crate) overflow: Overflow,
+}
+
+/// Lengths of the route's handler sets, read once at publish.
+type Lens = SmallVec<[usize; 4]>;
+
+/// One publish's handler deliveries, shared by the runners working on it.
+pub(crate) struct Fanout<T> {
+    message: Arc<Message<T>>,
+    route: Arc<Route<T>>,
+    lens: Lens,
+    total: usize,
+    plan: Plan,
+    next: AtomicUsize,
+    runners: AtomicUsize,
+    helper_queued: AtomicBool,
+}
+
+/// A runner's view of its mode: how to enlist help and what to do with an
+/// async delivery that did not finish on its first poll.
+pub(crate) trait Runner<T> {
+    /// Starts one more runner on `job` if that can be done without waiting.
+    fn offer_helper(&mut self, job: &Fanout<T>) -> bool;
+    /// Takes over an async delivery still running after its first poll. It
+    /// must eventually finish it and account for it.
+    fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally);
+}
+
+impl<T: Send + Sync + 'static> Fanout<T> {
+    /// The job for `message`, or `None` if it reaches no handler.
+    pub(crate) fn new(
+        message: Arc<Message<T>>,
+        route: Arc<Route<T>>,
+        policy: &Policy,
+    ) -> Option<Self> {
+        let lens: Lens = route.handlers.iter().map(|set| set.len()).collect();
+        let total = lens.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        Some(Self {
+            message,
+            route,
+            lens,
+            total,
+            plan: policy.plan(total),
+            next: AtomicUsize::new(0),
+            runners: AtomicUsize::new(0),
+            helper_queued: AtomicBool::new(false),
+        })
+    }
+
+    /// Deliveries in this job (entries of subscriptions removed since may be
+    /// among them; they are skipped).
+    pub(crate) fn total(&self) -> usize {
+        self.total
+    }
+
+    pub(crate) fn plan(&self) -> Plan {
+        self.plan
+    }
+
+    pub(crate) fn topic(&self) -> &str {
+        self.message.topic()
+    }
+
+    /// Claims units and runs them until none are left (or, under a
+    /// single-claim plan, after one).
+    pub(crate) fn run(&self, env: &Env, runner: &mut impl Runner<T>, tally: &mut Tally) {
+        self.runners.fetch_add(1, Ordering::Relaxed);
+        // This runner may be the helper that was queued: make room for another.
+        self.helper_queued.store(false, Ordering::Relaxed);
+        loop {
+            let start = self.next.fetch_add(self.plan.unit, Ordering::Relaxed);
+            if start >= self.total {
+                break;
+            }
+            let end = (start + self.plan.unit).min(self.total);
+            if end < self.total && self.plan.runners < self.plan.max_runners {
+                self.enlist_helper(runner);
+            }
+            self.deliver(start, end, env, runner, tally);
+            if self.plan.single_claim {
+                break;
+            }
+        }
+        self.runners.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn enlist_helper(&self, runner: &mut impl Runner<T>) {
+        if self.runners.load(Ordering::Relaxed) >= self.plan.max_runners
+            || self.helper_queued.load(Ordering::Relaxed)
+            || self.helper_queued.swap(true, Ordering::Relaxed)
+        {
+            return;
+        }
+        if !runner.offer_helper(self) {
+            self.helper_queued.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Claims units without running them, counting their deliveries as
+    /// dropped: one unit under a single-claim plan, else all that are left.
+    /// Returns the deliveries dropped.
+    pub(crate) fn drop_units(&self, tally: &mut Tally) -> usize {
+        let before = tally.dropped;
+        loop {
+            let start = self.next.fetch_add(self.plan.unit, Ordering::Relaxed);
+            if start >= self.total {
+                break;
+            }
+            let end = (start + self.plan.unit).min(self.total);
+            self.for_each_entry(start, end, |entry| {
+                if entry.is_active() {
+                    tally.dropped += 1;
+                }
+                tally.finished += 1;
+            });
+            if self.plan.single_claim {
+                break;
+            }
+        }
+        (tally.dropped - before) as usize
+    }
+
+    /// Runs deliveries `start..end`, catching panics one delivery at a time
+    /// without paying for a catch per delivery.
+    fn deliver(
+        &self,
+        start: usize,
+        end: usize,
+        env: &Env,
+        runner: &mut impl Runner<T>,
+        tally: &mut Tally,
+    ) {
+        let mut next = start;
+        while next < end {
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                self.deliver_from(&mut next, end, env, runner, tally);
+            }));
+            if let Err(panic) = result {
+                // `next` is still the index of the delivery that panicked.
+                tally.panics += 1;
+                tally.finished += 1;
+                let subscription = self.entry(next).map(|entry| entry.id());
+                report_panic(self.topic(), subscription, panic.as_ref());
+                next += 1;
+            }
+        }
+    }
+
+    #[inline]
+    fn deliver_from(
+        &self,
+        next: &mut usize,
+        end: usize,
+        env: &Env,
+        runner: &mut impl Runner<T>,
+        tally: &mut Tally,
+    ) {
+        let (mut set_index, mut offset) = self.locate(*next);
+        while *next < end {
+            let set = &self.route.handlers[set_index];
+            let stop = (offset + (end - *next)).min(self.lens[set_index]);
+            while offset < stop {
+                if let Some(entry) = set.get(offset) {
+                    if entry.is_active() {
+                        match entry.sink.deliver(&self.message) {
+                            Delivery::Done => tally.delivered += 1,
+                            Delivery::Started(future) => {
+                                if let Some(future) =
+                                    pending::first_poll(future, env.handle.as_ref())
+                                {
+                                    // Not finished: the runner takes it over
+                                    // (and its accounting).
+                                    *next += 1;
+                                    offset += 1;
+                                    runner.pending(future, tally);
+                                    continue;
+                                }
+                                tally.delivered += 1;
+                            }
+                        }
+                    }
+                }
+                tally.finished += 1;
+                *next += 1;
+                offset += 1;
+            }
+            set_index += 1;
+            offset = 0;
+        }
+    }
+
+    /// Calls `f` on each entry of deliveries `start..end`.
+    fn for_each_entry(
+        &self,
+        start: usize,
+        end: usize,
+        mut f: impl FnMut(&crate::subscriber::HandlerEntry<T>),
+    ) {
+        let (mut set_index, mut offset) = self.locate(start);
+        let mut index = start;
+        while index < end {
+            let set = &self.route.handlers[set_index];
+            let stop = (offset + (end - index)).min(self.lens[set_index]);
+            while offset < stop {
+                if let Some(entry) = set.get(offset) {
+                    f(entry);
+                }
+                index += 1;
+                offset += 1;
+            }
+            set_index += 1;
+            offset = 0;
+        }
+    }
+
+    fn entry(&self, index: usize) -> Option<&crate::subscriber::HandlerEntry<T>> {
+        let (set_index, offset) = self.locate(index);
+        self.route.handlers.get(set_index)?.get(offset)
+    }
+
+    /// The handler set and offset of delivery `index`.
+    fn locate(&self, mut index: usize) -> (usize, usize) {
+        for (set_index, &len) in self.lens.iter().enumerate() {
+            if index < len {
+                return (set_index, index);
+            }
+            index -= len;
+        }
+        (self.lens.len(), 0)
+    }
+}
+
+fn report_panic(topic: &str, subscription: Option<u64>, panic: &(dyn std::any::Any + Send)) {
+    let what = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(non-string panic payload)");
+    tracing::warn!(
+        topic,
+        subscription,
+        panic = what,
+        "a subscription handler panicked; the panic was caught and counted"
+    );
+}
+
+/// How a bus runs its jobs.
+pub(crate) enum Dispatcher<T> {
+    Tasks(tasks::Tasks),
+    Pool(pool::Pool<T>),
+    Inline,
+}
+
+impl<T: Send + Sync + 'static> Dispatcher<T> {
+    pub(crate) fn start(config: &Config, env: &Arc<Env>) -> Result<Self, Error> {
+        Ok(match config.delivery {
+            DeliveryMode::TaskPerSubscriber => {
+                let handle = env.handle.clone().ok_or(Error::NoRuntime {
+                    what: "DeliveryMode::TaskPerSubscriber",
+                })?;
+                Dispatcher::Tasks(tasks::Tasks::new(handle))
+            }
+            DeliveryMode::WorkerPool => Dispatcher::Pool(pool::Pool::start(
+                config.workers,
+                config.queue_capacity,
+                env,
+            )?),
+            DeliveryMode::Inline => Dispatcher::Inline,
+        })
+    }
+
+    /// Hands `job` to runners. Under `Overflow::Drop` and `Overflow::Error`,
+    /// returns how many deliveries were dropped for lack of room.
+    pub(crate) fn dispatch(&self, job: Fanout<T>, env: &Arc<Env>) -> usize {
+        match self {
+            Dispatcher::Tasks(tasks) => tasks.dispatch(Arc::new(job), env),
+            Dispatcher::Pool(pool) => pool.dispatch(Arc::new(job), env),
+            Dispatcher::Inline => {
+                inline::run(&job, env);
+                0
+            }
+        }
+    }
+
+    /// Stops accepting work once everything queued has run (after `close`).
+    pub(crate) fn shut_down(&self) {
+        if let Dispatcher::Pool(pool) = self {
+            pool.shut_down();
+        }
+    }
+}
+
+/// Runs a job on the publisher's thread because the mode had no room for it
+/// (`Overflow::CallerRuns`), with `runner` deciding where helpers and pending
+/// async deliveries go.
+pub(crate) fn caller_runs<T: Send + Sync + 'static>(
+    job: &Fanout<T>,
+    runner: &mut impl Runner<T>,
+    env: &Env,
+) {
+    env.counters.caller_ran();
+    let mut tally = Tally::default();
+    job.run(env, runner, &mut tally);
+    env.counters.add(&tally);
+}
+
+/// Accounts for a runner the mode could not start under `Overflow::Drop` or
+/// `Overflow::Error`. `others_started` says whether another runner of the job
+/// was started (it will then run every unit this one would have).
+pub(crate) fn refused<T: Send + Sync + 'static>(
+    job: &Fanout<T>,
+    others_started: bool,
+    env: &Env,
+) -> usize {
+    if others_started && !job.plan().single_claim {
+        return 0;
+    }
+    let mut tally = Tally::default();
+    let dropped = job.drop_units(&mut tally);
+    env.counters.add(&tally);
+    dropped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(threshold: usize, batch: Batch, workers: usize) -> Policy {
+        Policy {
+            threshold,
+            batch,
+            workers,
+            inline: false,
+        }
+    }
+
+    #[test]
+    fn below_the_threshold_each_subscription_is_a_unit() {
+        let single = policy(10, Batch::Single, 4).plan(10);
+        assert_eq!(
+            (single.unit, single.runners, single.single_claim),
+            (1, 10, true)
+        );
+        let chunked = policy(10, Batch::Chunked, 4).plan(10);
+        assert_eq!(
+            (chunked.unit, chunked.runners, chunked.max_runners),
+            (1, 1, 4)
+        );
+    }
+
+    #[test]
+    fn above_the_threshold_single_is_one_unit_and_chunked_one_per_worker() {
+        let single = policy(10, Batch::Single, 4).plan(1000);
+        assert_eq!((single.unit, single.runners), (1000, 1));
+        let chunked = policy(10, Batch::Chunked, 4).plan(1000);
+        assert_eq!((chunked.unit, chunked.runners), (250, 4));
+    }
+
+    #[test]
+    fn inline_ignores_the_threshold() {
+        let mut inline = policy(10, Batch::Single, 4);
+        inline.inline = true;
+        let plan = inline.plan(5);
+        assert_eq!((plan.unit, plan.runners, plan.single_claim), (5, 1, false));
+    }
+
+    #[test]
+    fn chunks_are_never_tiny() {
+        let plan = policy(10, Batch::Chunked, 8).plan(40);
+        assert_eq!((plan.unit, plan.runners), (40, 1));
+        let plan = policy(10, Batch::Chunked, 8).plan(64);
+        assert_eq!((plan.unit, plan.runners), (32, 2));
+        let plan = policy(10, Batch::Chunked, 8).plan(11);
+        assert_eq!((plan.unit, plan.runners), (11, 1));
+    }
+}

@@ -1,0 +1,171 @@
+//! Async deliveries that outlive their first poll.
+//!
+//! An async handler's future is polled once where its delivery runs (a
+//! worker, a task runner, or the publisher). Most handlers finish then and
+//! cost nothing more. One that is still pending continues as its own task on
+//! the bus's runtime, so an awaiting handler never holds up a runner. Those
+//! tasks count against `max_inflight_tasks`; at the cap the overflow policy
+//! decides:
+//! - `CallerRuns`: the runner finishes the future itself — a task runner
+//!   awaits it, a worker thread blocks on it; a publisher blocks on it if it
+//!   is outside any runtime, and otherwise (it may not block a runtime thread)
+//!   lets it continue as a task beyond the cap;
+//! - `Drop` / `Error`: the future is cancelled and counted as dropped.
+//!
+//! A continued delivery stays in flight until its future completes, panics
+//! (caught and counted) or is cancelled by the runtime shutting down (counted
+//! as dropped), so `close` waits for it.
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use tokio::runtime::Handle;
+
+use super::tasks::TaskPermit;
+use super::{report_panic, Env};
+use crate::config::Overflow;
+use crate::stats::Tally;
+use crate::subscriber::BoxFuture;
+
+/// Polls a just-started async delivery once. `Some` if it is not finished.
+pub(super) fn first_poll(mut future: BoxFuture, handle: Option<&Handle>) -> Option<BoxFuture> {
+    // Inside the runtime's context, so the handler may use tokio's timers and
+    // I/O even when this thread is a pool worker.
+    let _context = handle.map(Handle::enter);
+    // The waker is a placeholder: a future that returns Pending here is polled
+    // again (with a real waker) by whoever takes it over.
+    let mut cx = Context::from_waker(Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        Poll::Ready(()) => None,
+        Poll::Pending => Some(future),
+    }
+}
+
+/// Where a pending delivery surfaced, which decides what `CallerRuns` means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Place {
+    /// A worker thread: may block.
+    Worker,
+    /// A task runner: may await the future before it finishes.
+    Task,
+    /// A publisher's thread, inside or outside a runtime.
+    Publisher,
+}
+
+/// Takes over a pending delivery. Returns it back only when `place` is
+/// [`Place::Task`] and the task runner must await it itself.
+pub(super) fn settle(
+    future: BoxFuture,
+    env: &Arc<Env>,
+    place: Place,
+    tally: &mut Tally,
+) -> Option<BoxFuture> {
+    let Some(handle) = env.handle.as_ref() else {
+        // Async subscriptions are refused on a bus without a runtime.
+        tracing::error!("an async delivery has no runtime to continue on; dropped");
+        tally.dropped += 1;
+        tally.finished += 1;
+        return None;
+    };
+    if let Some(permit) = TaskPermit::acquire(env) {
+        handle.spawn(finish(future, Arc::clone(env), Some(permit)));
+        return None;
+    }
+    match env.overflow {
+        Overflow::Drop | Overflow::Error => {
+            drop(future);
+            tally.dropped += 1;
+            tally.finished += 1;
+            None
+        }
+        Overflow::CallerRuns => match place {
+            Place::Task => Some(future),
+            Place::Publisher if Handle::try_current().is_ok() => {
+                handle.spawn(finish(future, Arc::clone(env), None));
+                None
+            }
+            Place::Worker | Place::Publisher => {
+                match handle.block_on(CatchUnwind(future)) {
+                    Ok(()) => tally.delivered += 1,
+                    Err(panic) => {
+                        tally.panics += 1;
+                        report_panic("(async handler)", None, panic.as_ref());
+                    }
+                }
+                tally.finished += 1;
+                None
+            }
+        },
+    }
+}
+
+/// Runs a pending delivery to its end as a task, accounting for it.
+async fn finish(future: BoxFuture, env: Arc<Env>, permit: Option<TaskPermit>) {
+    let mut outcome = Outcome {
+        env,
+        tally: Tally {
+            finished: 1,
+            ..Tally::default()
+        },
+        settled: false,
+    };
+    match CatchUnwind(future).await {
+        Ok(()) => outcome.tally.delivered = 1,
+        Err(panic) => {
+            outcome.tally.panics = 1;
+            report_panic("(async handler)", None, panic.as_ref());
+        }
+    }
+    outcome.settled = true;
+    drop(permit);
+}
+
+/// Awaits a pending delivery inside a task runner, accounting for it in
+/// `tally`.
+pub(super) async fn finish_here(future: BoxFuture, tally: &mut Tally) {
+    match CatchUnwind(future).await {
+        Ok(()) => tally.delivered += 1,
+        Err(panic) => {
+            tally.panics += 1;
+            report_panic("(async handler)", None, panic.as_ref());
+        }
+    }
+    tally.finished += 1;
+}
+
+/// Adds a continued delivery's outcome to the counters when its task ends,
+/// however it ends: a task dropped by a runtime shutting down counts as
+/// dropped.
+struct Outcome {
+    env: Arc<Env>,
+    tally: Tally,
+    settled: bool,
+}
+
+impl Drop for Outcome {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.tally.dropped = 1;
+        }
+        self.env.counters.add(&self.tally);
+    }
+}
+
+/// A future adapter that turns a panic while polling into an `Err`.
+struct CatchUnwind(BoxFuture);
+
+impl Future for CatchUnwind {
+    type Output = Result<(), Box<dyn Any + Send>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let future = &mut self.0;
+        match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(poll) => poll.map(Ok),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    }
+}

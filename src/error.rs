@@ -1,0 +1,68 @@
+//! The crate's one error type.
+
+use std::time::Duration;
+
+use crate::topic::TopicError;
+
+/// Everything that can go wrong in blazesub. Each variant says what was wrong
+/// and with which input.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A topic name or filter breaks MQTT's rules; the [`TopicError`] names the
+    /// input and the rule.
+    #[error(transparent)]
+    Topic(#[from] TopicError),
+
+    /// The bus has been closed: it accepts no more publishes or subscriptions.
+    #[error("the bus is closed: it accepts no more publishes or subscriptions")]
+    Closed,
+
+    /// [`Bus::close`](crate::Bus::close) gave up waiting for accepted
+    /// deliveries. The bus stays closed; the remaining deliveries still finish.
+    #[error(
+        "closing the bus timed out after {waited:?} with {inflight} deliveries still in flight"
+    )]
+    CloseTimeout {
+        /// How long `close` waited.
+        waited: Duration,
+        /// Deliveries still unfinished when it gave up.
+        inflight: u64,
+    },
+
+    /// Something needs a tokio runtime and the bus has none: a
+    /// `TaskPerSubscriber` bus, or an async handler subscription.
+    #[error("{what} needs a tokio runtime: build the bus inside one, or give it one with BusBuilder::runtime")]
+    NoRuntime {
+        /// What needed the runtime.
+        what: &'static str,
+    },
+
+    /// A configuration value is out of range.
+    #[error("invalid configuration: `{field}` = {value} {reason}")]
+    InvalidConfig {
+        /// The field, as named in [`Config`](crate::Config).
+        field: &'static str,
+        /// The value given.
+        value: String,
+        /// The rule it breaks.
+        reason: &'static str,
+    },
+
+    /// Under [`Overflow::Error`](crate::Overflow::Error), the queue or task cap
+    /// was full: some deliveries of this publish were dropped (and counted in
+    /// [`Stats::dropped`](crate::Stats::dropped)).
+    #[error("publishing to {topic:?} overloaded the bus: {dropped} of {matched} deliveries were dropped")]
+    Overloaded {
+        /// The topic published to.
+        topic: String,
+        /// Deliveries that were dropped.
+        dropped: usize,
+        /// Subscriptions the publish matched.
+        matched: usize,
+    },
+
+    /// The operating system refused to start a worker thread.
+    #[error("could not start a worker thread: {0}")]
+    Spawn(#[source] std::io::Error),
+}

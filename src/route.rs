@@ -1,0 +1,99 @@
+//! The route cache: topic name → the subscriber sets it reaches.
+//!
+//! # Contract
+//! A cache hit costs one hash, one lock-free slot load, a generation and a
+//! string comparison, and one reference-count increment: no lock, no
+//! allocation, no trie walk. It **never serves a stale route**: an entry is
+//! used only if it was built at the trie's *current* generation, and the trie
+//! bumps its generation after every change that an existing route could miss
+//! (see `trie.rs`). Concretely, a publish that starts after `subscribe`
+//! returns reaches the new subscriber, and one that starts after
+//! `unsubscribe` returns does not (the entry's own flag sees to that).
+//! BlazeSub's cache can serve a list from before a change; this one cannot.
+//!
+//! The cache is a fixed table of slots (direct-mapped by topic hash), so its
+//! memory is bounded by its capacity whatever topics are published; two
+//! topics that share a slot simply evict each other.
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+use rustc_hash::FxBuildHasher;
+
+use crate::receiver::Mailbox;
+use crate::subscriber::Sink;
+use crate::subset::SubSet;
+use crate::sync::OptionArcCell;
+use crate::trie::Trie;
+
+/// What one topic name reaches.
+pub(crate) struct Route<T> {
+    pub(crate) generation: u64,
+    pub(crate) topic: Arc<str>,
+    pub(crate) handlers: Box<[Arc<SubSet<dyn Sink<T>>>]>,
+    pub(crate) streams: Box<[Arc<SubSet<Mailbox<T>>>]>,
+}
+
+pub(crate) struct RouteCache<T> {
+    slots: Box<[OptionArcCell<Route<T>>]>,
+    hasher: FxBuildHasher,
+}
+
+impl<T: 'static> RouteCache<T> {
+    /// A cache of `capacity` slots, rounded up to a power of two; 0 disables it.
+    pub(crate) fn new(capacity: usize) -> Self {
+        let slots = if capacity == 0 {
+            0
+        } else {
+            capacity.next_power_of_two()
+        };
+        Self {
+            slots: (0..slots).map(|_| OptionArcCell::empty()).collect(),
+            hasher: FxBuildHasher,
+        }
+    }
+
+    /// The route for `topic` (a valid topic name), from the cache if it holds a
+    /// current one, else from the trie (and then cached).
+    pub(crate) fn route(&self, trie: &Trie<T>, topic: &str) -> Arc<Route<T>> {
+        if self.slots.is_empty() {
+            return Arc::new(build(trie, topic));
+        }
+        let generation = trie.generation();
+        let slot = &self.slots[self.hasher.hash_one(topic) as usize & (self.slots.len() - 1)];
+        let hit = slot.with(|cached| {
+            cached
+                .filter(|r| r.generation == generation && &*r.topic == topic)
+                .cloned()
+        });
+        if let Some(route) = hit {
+            return route;
+        }
+        let route = Arc::new(build(trie, topic));
+        slot.store(Some(Arc::clone(&route)));
+        route
+    }
+
+    /// Slots holding a route of the current generation (for leak checks).
+    pub(crate) fn current_entries(&self, trie: &Trie<T>) -> usize {
+        let generation = trie.generation();
+        self.slots
+            .iter()
+            .filter(|slot| slot.with(|r| r.is_some_and(|r| r.generation == generation)))
+            .count()
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+fn build<T: 'static>(trie: &Trie<T>, topic: &str) -> Route<T> {
+    let matched = trie.matched(topic);
+    Route {
+        generation: matched.generation,
+        topic: Arc::from(topic),
+        handlers: matched.handlers.into_boxed_slice(),
+        streams: matched.streams.into_boxed_slice(),
+    }
+}

@@ -1,0 +1,236 @@
+//! Counters: the [`Stats`] snapshot users read, and the atomics behind it.
+//!
+//! Every delivery ends in exactly one of: delivered, dropped (by an overflow
+//! policy the user chose, or a full stream mailbox), a caught handler panic,
+//! or skipped because its subscription was removed first; a stream message
+//! may also still sit unread in its mailbox. So once a bus is quiet and its
+//! streams read, `delivered + dropped + handler_panics` accounts for every
+//! delivery to a subscription that lived through its publish.
+//!
+//! The counters also carry the close barrier: `close` sets `closed`, then
+//! waits until no publish is between its closed-check and its hand-off
+//! (`publishing == 0`) and no accepted delivery is unfinished (`inflight == 0`).
+//! Workers add their tallies once per unit of work, not per delivery, so the
+//! hot loop touches no shared counter.
+
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+
+use crate::error::Error;
+use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
+
+/// A snapshot of a bus's counters, from [`Bus::stats`](crate::Bus::stats).
+///
+/// Counts are totals since the bus was built. Under concurrent activity the
+/// fields are read one after another, not as one atomic snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Successful `publish` calls.
+    pub published: u64,
+    /// Deliveries completed: handler calls that returned (for async handlers,
+    /// whose future completed) and messages stream receivers took.
+    pub delivered: u64,
+    /// Deliveries lost to a policy: refused under `Overflow::Drop` or
+    /// `Overflow::Error`, pushed out of a full stream mailbox by a newer
+    /// message, or arriving at a mailbox already closed.
+    pub dropped: u64,
+    /// Handler calls that panicked. The panic was caught; nobody else noticed.
+    pub handler_panics: u64,
+    /// Units of work a publisher ran itself because the pool's queue or the
+    /// task cap was full (`Overflow::CallerRuns`).
+    pub caller_runs: u64,
+    /// Deliveries accepted but not yet finished (as
+    /// [`Bus::inflight_messages`](crate::Bus::inflight_messages)).
+    pub inflight: u64,
+    /// Live subscriptions (as
+    /// [`Bus::subscriptions_count`](crate::Bus::subscriptions_count)).
+    pub subscriptions: u64,
+}
+
+/// The shared atomics. Hot ones get a cache line each.
+pub(crate) struct Counters {
+    published: CachePadded<AtomicU64>,
+    delivered: CachePadded<AtomicU64>,
+    dropped: AtomicU64,
+    handler_panics: AtomicU64,
+    caller_runs: AtomicU64,
+    inflight: CachePadded<AtomicU64>,
+    publishing: CachePadded<AtomicU64>,
+    subscriptions: AtomicU64,
+    closed: AtomicBool,
+    drain_lock: Mutex<()>,
+    drained: Condvar,
+}
+
+/// Proof that a publish passed the closed-check; holding it keeps `close`
+/// from declaring the bus drained.
+pub(crate) struct PublishGuard<'a>(&'a Counters);
+
+impl Drop for PublishGuard<'_> {
+    fn drop(&mut self) {
+        let before = self.0.publishing.fetch_sub(1, Ordering::SeqCst);
+        if before == 1 {
+            self.0.notify_if_closing();
+        }
+    }
+}
+
+/// What one runner did with its share of a publish, added to [`Counters`] in
+/// one go when it finishes.
+#[derive(Default, Debug)]
+pub(crate) struct Tally {
+    /// Deliveries finished (whatever their outcome): leaves `inflight`.
+    pub(crate) finished: u64,
+    pub(crate) delivered: u64,
+    pub(crate) dropped: u64,
+    pub(crate) panics: u64,
+}
+
+impl Counters {
+    pub(crate) fn new() -> Self {
+        Self {
+            published: CachePadded::new(AtomicU64::new(0)),
+            delivered: CachePadded::new(AtomicU64::new(0)),
+            dropped: AtomicU64::new(0),
+            handler_panics: AtomicU64::new(0),
+            caller_runs: AtomicU64::new(0),
+            inflight: CachePadded::new(AtomicU64::new(0)),
+            publishing: CachePadded::new(AtomicU64::new(0)),
+            subscriptions: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            drain_lock: Mutex::new(()),
+            drained: Condvar::new(),
+        }
+    }
+
+    /// Admits a publish unless the bus is closed.
+    pub(crate) fn begin_publish(&self) -> Result<PublishGuard<'_>, Error> {
+        // Relaxed pre-check: a closed bus refuses without touching shared lines.
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(Error::Closed);
+        }
+        self.publishing.fetch_add(1, Ordering::SeqCst);
+        let guard = PublishGuard(self);
+        // SeqCst pairs with `close`: either close sees our increment and waits
+        // for us, or we see its flag and refuse.
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(Error::Closed);
+        }
+        Ok(guard)
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn published(&self) {
+        self.published.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Deliveries handed to a dispatcher: they count as in flight until a
+    /// [`Tally`] or [`Counters::finish_one`] retires them.
+    pub(crate) fn accept(&self, deliveries: usize) {
+        self.inflight
+            .fetch_add(deliveries as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add(&self, tally: &Tally) {
+        if tally.delivered > 0 {
+            self.delivered.fetch_add(tally.delivered, Ordering::Relaxed);
+        }
+        if tally.dropped > 0 {
+            self.dropped.fetch_add(tally.dropped, Ordering::Relaxed);
+        }
+        if tally.panics > 0 {
+            self.handler_panics
+                .fetch_add(tally.panics, Ordering::Relaxed);
+        }
+        if tally.finished > 0 {
+            let before = self.inflight.fetch_sub(tally.finished, Ordering::SeqCst);
+            if before == tally.finished {
+                self.notify_if_closing();
+            }
+        }
+    }
+
+    /// A stream receiver took a message from its mailbox.
+    pub(crate) fn received_from_stream(&self) {
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Messages dropped on the publisher's thread (full or closed mailboxes).
+    pub(crate) fn dropped_now(&self, dropped: u64) {
+        self.dropped.fetch_add(dropped, Ordering::Relaxed);
+    }
+
+    pub(crate) fn caller_ran(&self) {
+        self.caller_runs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn subscribed(&self) {
+        self.subscriptions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn unsubscribed(&self) {
+        self.subscriptions.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn subscriptions(&self) -> u64 {
+        self.subscriptions.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn inflight(&self) -> u64 {
+        self.inflight.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn snapshot(&self) -> Stats {
+        Stats {
+            published: self.published.load(Ordering::Relaxed),
+            delivered: self.delivered.load(Ordering::Relaxed),
+            dropped: self.dropped.load(Ordering::Relaxed),
+            handler_panics: self.handler_panics.load(Ordering::Relaxed),
+            caller_runs: self.caller_runs.load(Ordering::Relaxed),
+            inflight: self.inflight(),
+            subscriptions: self.subscriptions(),
+        }
+    }
+
+    fn drained(&self) -> bool {
+        self.publishing.load(Ordering::SeqCst) == 0 && self.inflight.load(Ordering::SeqCst) == 0
+    }
+
+    fn notify_if_closing(&self) {
+        if self.closed.load(Ordering::SeqCst) {
+            // Taking the lock orders this wake-up after the waiter's check.
+            let _guard = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.drained.notify_all();
+        }
+    }
+
+    /// Refuses new publishes from now on, then blocks until everything
+    /// accepted has finished or `timeout` passes.
+    pub(crate) fn close_and_wait(&self, timeout: Duration) -> Result<(), Error> {
+        self.closed.store(true, Ordering::SeqCst);
+        let started = Instant::now();
+        let mut guard = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if self.drained() {
+                return Ok(());
+            }
+            let waited = started.elapsed();
+            if waited >= timeout {
+                return Err(Error::CloseTimeout {
+                    waited,
+                    inflight: self.inflight(),
+                });
+            }
+            guard = self
+                .drained
+                .wait_timeout(guard, timeout - waited)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Handler subscriptions: the [`Handler`] trait and the [`Subscription`] handle.
+//!
+//! # Contract
+//! - A handler is called once per matching message, from whichever thread the
+//!   delivery mode picks (a worker, a tokio task, or the publisher itself), so
+//!   it must be `Send + Sync`. Handlers of one subscription may run
+//!   concurrently for different messages, and **handler subscriptions make no
+//!   ordering promise** (as in BlazeSub); use a stream subscription when order
+//!   matters.
+//! - A handler that panics is caught and counted in `Stats::handler_panics`;
+//!   the worker, the other subscribers and the publisher carry on.
+//! - A [`Subscription`] lives until it is dropped or
+//!   [`unsubscribe`](Subscription::unsubscribe)d. When either returns, no
+//!   delivery to it that had not already started will run, including ones
+//!   queued before; a handler call already running may finish.
+//!   [`detach`](Subscription::detach) keeps it for the life of the bus.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::message::Message;
+
+/// Something that handles messages: any `Fn(&Message<T>) + Send + Sync +
+/// 'static` closure is one.
+///
+/// ```
+/// use blazesub::{Bus, Handler, Message};
+/// use std::sync::atomic::{AtomicU64, Ordering};
+///
+/// struct Counter(AtomicU64);
+///
+/// impl Handler<u32> for Counter {
+///     fn handle(&self, message: &Message<u32>) {
+///         self.0.fetch_add(u64::from(*message.data()), Ordering::Relaxed);
+///     }
+/// }
+///
+/// let bus = Bus::<u32>::builder().delivery(blazesub::DeliveryMode::Inline).build()?;
+/// let counter = std::sync::Arc::new(Counter(AtomicU64::new(0)));
+/// let _sub = bus.subscribe("ticks", SharedCounter(counter.clone()))?;
+/// bus.publish("ticks", 5)?;
+/// assert_eq!(counter.0.load(Ordering::Relaxed), 5);
+///
+/// // A handler can also be shared through an Arc.
+/// struct SharedCounter(std::sync::Arc<Counter>);
+/// impl Handler<u32> for SharedCounter {
+///     fn handle(&self, message: &Message<u32>) { self.0.handle(message) }
+/// }
+/// # Ok::<(), blazesub::Error>(())
+/// ```
+pub trait Handler<T>: Send + Sync + 'static {
+    /// Handles one message.
+    fn handle(&self, message: &Message<T>);
+}
+
+impl<T, F> Handler<T> for F
+where
+    F: Fn(&Message<T>) + Send + Sync + 'static,
+{
+    #[inline]
+    fn handle(&self, message: &Message<T>) {
+        self(message)
+    }
+}
+
+/// Undoes one subscription; type-erased so [`Subscription`] needs no `T`.
+pub(crate) trait Remove: Send + Sync {
+    fn remove(&self);
+}
+
+/// A live subscription. Dropping it unsubscribes.
+///
+/// ```
+/// use blazesub::{Bus, DeliveryMode, Message};
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+///
+/// let bus = Bus::<u64>::builder().delivery(DeliveryMode::Inline).build()?;
+/// let seen = Arc::new(AtomicU64::new(0));
+/// let counter = seen.clone();
+/// let sub = bus.subscribe("jobs/+/done", move |_: &Message<u64>| {
+///     counter.fetch_add(1, Ordering::Relaxed);
+/// })?;
+/// assert_eq!(sub.filter(), "jobs/+/done");
+///
+/// bus.publish("jobs/7/done", 7)?;
+/// sub.unsubscribe();
+/// bus.publish("jobs/8/done", 8)?; // nobody listens any more
+/// assert_eq!(seen.load(Ordering::Relaxed), 1);
+/// # Ok::<(), blazesub::Error>(())
+/// ```
+#[must_use = "dropping a Subscription unsubscribes it at once; call .detach() to keep it for the life of the bus"]
+pub struct Subscription {
+    id: u64,
+    filter: Arc<str>,
+    remover: Option<Box<dyn Remove>>,
+}
+
+impl Subscription {
+    pub(crate) fn new(id: u64, filter: Arc<str>, remover: Box<dyn Remove>) -> Self {
+        Self {
+            id,
+            filter,
+            remover: Some(remover),
+        }
+    }
+
+    /// The subscription's id, unique within its bus.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The filter it subscribed with.
+    pub fn filter(&self) -> &str {
+        &self.filter
+    }
+
+    /// Unsubscribes (the same as dropping it, but explicit).
+    pub fn unsubscribe(self) {
+        drop(self);
+    }
+
+    /// Keeps the subscription for as long as the bus lives, without a handle.
+    pub fn detach(mut self) {
+        self.remover = None;
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if let Some(remover) = self.remover.take() {
+            remover.remove();
+        }
+    }
+}
+
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription")
+            .field("id", &self.id)
+            .field("filter", &self.filter)
+            .field("detached", &self.remover.is_none())
+            .finish()
+    }
+}

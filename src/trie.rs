@@ -1,0 +1,379 @@
+//! The subscription trie: which subscriptions a topic name reaches.
+//!
+//! # Contract
+//! - **Readers never lock.** The trie's shape is an immutable snapshot behind
+//!   one atomically replaced root. A reader (a publish whose route is not
+//!   cached) loads the root and walks it; nothing it sees changes under it.
+//! - **Writers serialise** on one mutex (`subscribe`/`unsubscribe` only; a
+//!   publish never takes it). A change of shape (a node created or pruned)
+//!   copies the path from the root to that node, sharing everything else
+//!   (children maps are persistent hash maps, so even a node with a million
+//!   children is updated in O(log n)), then stores the new root.
+//! - **Subscriber sets are shared, not copied**: every node version points to
+//!   the same [`NodeSubs`], whose [`SubSet`]s accept appends in place (see
+//!   `subset.rs`). So subscribing to an existing filter is an append.
+//! - **The generation** is bumped, after the change is visible, whenever a
+//!   reader's earlier result may no longer be complete: a new root, or a
+//!   subscriber set replaced by a rebuilt one. Appends and removals do not bump
+//!   it: cached routes hold the sets themselves and read their length on every
+//!   publish, and a removed subscription's flag stops its deliveries. A route
+//!   built after reading generation `g` is therefore valid for as long as the
+//!   generation is still `g` (`route.rs` relies on this).
+//!
+//! Matching follows MQTT (see `topic.rs`): `+` matches one level, `#` any
+//! number including none, and first-level wildcards skip `$` topics.
+
+use std::str::Split;
+use std::sync::Arc;
+
+use rustc_hash::FxBuildHasher;
+
+use crate::receiver::Mailbox;
+use crate::subscriber::{Sink, Subscriber};
+use crate::subset::SubSet;
+use crate::sync::{ArcCell, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::topic::is_system_topic;
+
+/// Dead entries a set tolerates before it is rebuilt, whatever its size.
+const MIN_DEAD_BEFORE_REBUILD: usize = 8;
+
+type Children<T> =
+    imbl::GenericHashMap<Arc<str>, Arc<Node<T>>, FxBuildHasher, imbl::shared_ptr::DefaultSharedPtr>;
+
+/// One level of a filter. Versions of a node share its `subs`.
+struct Node<T> {
+    children: Children<T>,
+    subs: Option<Arc<NodeSubs<T>>>,
+}
+
+impl<T> Clone for Node<T> {
+    fn clone(&self) -> Self {
+        Self {
+            children: self.children.clone(),
+            subs: self.subs.clone(),
+        }
+    }
+}
+
+impl<T> Node<T> {
+    fn empty() -> Self {
+        Self {
+            children: Children::with_hasher(FxBuildHasher),
+            subs: None,
+        }
+    }
+
+    fn child(&self, level: &str) -> Option<&Node<T>> {
+        self.children.get(level).map(|c| &**c)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.subs.is_none() && self.children.is_empty()
+    }
+}
+
+/// The subscriptions whose filter ends at one node.
+pub(crate) struct NodeSubs<T> {
+    handlers: ArcCell<SubSet<dyn Sink<T>>>,
+    streams: ArcCell<SubSet<Mailbox<T>>>,
+}
+
+impl<T> NodeSubs<T> {
+    fn new() -> Self {
+        Self {
+            handlers: ArcCell::new(Arc::new(SubSet::empty())),
+            streams: ArcCell::new(Arc::new(SubSet::empty())),
+        }
+    }
+
+    fn live(&self) -> usize {
+        self.handlers.with(|s| s.live()) + self.streams.with(|s| s.live())
+    }
+}
+
+/// Which of a node's two sets an operation is about.
+pub(crate) trait SetKind<T>: 'static {
+    type Sink: ?Sized + 'static;
+    fn cell(subs: &NodeSubs<T>) -> &ArcCell<SubSet<Self::Sink>>;
+}
+
+/// Handler subscriptions (sync and async).
+pub(crate) enum Handlers {}
+/// Stream subscriptions.
+pub(crate) enum Streams {}
+
+impl<T: 'static> SetKind<T> for Handlers {
+    type Sink = dyn Sink<T>;
+    fn cell(subs: &NodeSubs<T>) -> &ArcCell<SubSet<dyn Sink<T>>> {
+        &subs.handlers
+    }
+}
+
+impl<T: 'static> SetKind<T> for Streams {
+    type Sink = Mailbox<T>;
+    fn cell(subs: &NodeSubs<T>) -> &ArcCell<SubSet<Mailbox<T>>> {
+        &subs.streams
+    }
+}
+
+/// The sets a topic name reaches, as of generation `generation`.
+pub(crate) struct Matched<T> {
+    pub(crate) generation: u64,
+    pub(crate) handlers: Vec<Arc<SubSet<dyn Sink<T>>>>,
+    pub(crate) streams: Vec<Arc<SubSet<Mailbox<T>>>>,
+}
+
+/// State only the writer touches.
+struct Writer {
+    /// Once set, no stream subscription may be added (the bus has closed).
+    closed: bool,
+}
+
+pub(crate) struct Trie<T> {
+    root: ArcCell<Node<T>>,
+    generation: AtomicU64,
+    nodes: AtomicUsize,
+    writer: Mutex<Writer>,
+}
+
+/// Why an insert was refused.
+pub(crate) enum InsertError {
+    Closed,
+}
+
+impl<T: 'static> Trie<T> {
+    pub(crate) fn new() -> Self {
+        Self {
+            root: ArcCell::new(Arc::new(Node::empty())),
+            generation: AtomicU64::new(0),
+            nodes: AtomicUsize::new(0),
+            writer: Mutex::new(Writer { closed: false }),
+        }
+    }
+
+    /// The current generation; see the module docs.
+    #[inline]
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn bump(&self) {
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Nodes below the root (for leak checks).
+    pub(crate) fn node_count(&self) -> usize {
+        self.nodes.load(Ordering::Relaxed)
+    }
+
+    /// Everything `topic` (a valid topic name) reaches.
+    pub(crate) fn matched(&self, topic: &str) -> Matched<T> {
+        let generation = self.generation();
+        let mut matched = Matched {
+            generation,
+            handlers: Vec::new(),
+            streams: Vec::new(),
+        };
+        let root = self.root.load_full();
+        let system = is_system_topic(topic);
+        collect(&root, topic.split('/'), true, system, &mut matched);
+        matched
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Writer> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a subscription under `filter` (a valid filter).
+    pub(crate) fn insert<K: SetKind<T>>(
+        &self,
+        filter: &str,
+        entry: Arc<Subscriber<K::Sink>>,
+    ) -> Result<(), InsertError> {
+        let writer = self.lock();
+        if writer.closed {
+            return Err(InsertError::Closed);
+        }
+        let root = self.root.load_full();
+        if let Some(subs) = find(&root, filter).and_then(|n| n.subs.as_ref()) {
+            let cell = K::cell(subs);
+            let set = cell.load_full();
+            if let Err(entry) = set.try_push(entry) {
+                cell.store(Arc::new(set.rebuilt(Some(entry))));
+                self.bump();
+            }
+            return Ok(());
+        }
+        let subs = Arc::new(NodeSubs::new());
+        K::cell(&subs).store(Arc::new(SubSet::empty().rebuilt(Some(entry))));
+        let mut created = 0isize;
+        let new_root = with_subs(&root, filter.split('/'), Some(subs), &mut created);
+        self.replace_root(new_root, created);
+        Ok(())
+    }
+
+    /// Removes a subscription added under `filter`: clears its flag, so no
+    /// delivery that has not started will run, then tidies the trie. Returns
+    /// whether this call removed it (false if it already was).
+    pub(crate) fn remove<K: SetKind<T>>(&self, filter: &str, entry: &Subscriber<K::Sink>) -> bool {
+        let _writer = self.lock();
+        // Deactivating under the writer lock keeps each set's `live` count
+        // exact: a rebuild (also under the lock) sees the flag and the count
+        // agree.
+        if !entry.deactivate() {
+            return false;
+        }
+        let root = self.root.load_full();
+        let Some(subs) = find(&root, filter).and_then(|n| n.subs.clone()) else {
+            return true;
+        };
+        let cell = K::cell(&subs);
+        let set = cell.load_full();
+        set.count_removed();
+        if subs.live() == 0 {
+            let mut created = 0isize;
+            let new_root = with_subs(&root, filter.split('/'), None, &mut created);
+            self.replace_root(new_root, created);
+        } else if set.live() == 0 || set.dead() >= MIN_DEAD_BEFORE_REBUILD.max(set.live()) {
+            cell.store(Arc::new(set.rebuilt(None)));
+            self.bump();
+        }
+        true
+    }
+
+    fn replace_root(&self, root: Option<Node<T>>, created: isize) {
+        self.root.store(Arc::new(root.unwrap_or_else(Node::empty)));
+        self.bump();
+        if created >= 0 {
+            self.nodes
+                .fetch_add(created.unsigned_abs(), Ordering::Relaxed);
+        } else {
+            self.nodes
+                .fetch_sub(created.unsigned_abs(), Ordering::Relaxed);
+        }
+    }
+
+    /// Refuses further stream subscriptions and closes every mailbox, so
+    /// receivers end once they have drained what they hold.
+    pub(crate) fn close_streams(&self) {
+        let mut writer = self.lock();
+        writer.closed = true;
+        let root = self.root.load_full();
+        for_each_subs(&root, &mut |subs| {
+            subs.streams.with(|set| {
+                for entry in set.entries(set.len()) {
+                    entry.sink.close();
+                }
+            });
+        });
+    }
+}
+
+impl<T> Drop for Trie<T> {
+    fn drop(&mut self) {
+        // The bus is gone: no more messages will come, so end every stream.
+        let root = self.root.load_full();
+        for_each_subs(&root, &mut |subs| {
+            subs.streams.with(|set| {
+                for entry in set.entries(set.len()) {
+                    entry.sink.close();
+                }
+            });
+        });
+    }
+}
+
+fn for_each_subs<T>(node: &Node<T>, f: &mut dyn FnMut(&NodeSubs<T>)) {
+    if let Some(subs) = &node.subs {
+        f(subs);
+    }
+    for child in node.children.values() {
+        for_each_subs(child, f);
+    }
+}
+
+fn find<'a, T>(root: &'a Node<T>, filter: &str) -> Option<&'a Node<T>> {
+    filter
+        .split('/')
+        .try_fold(root, |node, level| node.child(level))
+}
+
+/// A copy of `node` with the node at the end of `levels` given `subs`,
+/// creating missing nodes and pruning ones left empty. `None` if `node`
+/// itself ends up empty.
+fn with_subs<T>(
+    node: &Node<T>,
+    mut levels: Split<'_, char>,
+    subs: Option<Arc<NodeSubs<T>>>,
+    created: &mut isize,
+) -> Option<Node<T>> {
+    let mut copy = node.clone();
+    match levels.next() {
+        None => copy.subs = subs,
+        Some(level) => {
+            let child = match node.child(level) {
+                Some(child) => child.clone(),
+                None => {
+                    *created += 1;
+                    Node::empty()
+                }
+            };
+            match with_subs(&child, levels, subs, created) {
+                Some(child) => {
+                    copy.children.insert(Arc::from(level), Arc::new(child));
+                }
+                None => {
+                    copy.children.remove(level);
+                    *created -= 1;
+                }
+            }
+        }
+    }
+    (!copy.is_empty()).then_some(copy)
+}
+
+fn add_node<T>(node: &Node<T>, out: &mut Matched<T>) {
+    let Some(subs) = &node.subs else { return };
+    // An empty set has no room: its first subscriber replaces it and bumps
+    // the generation, so leaving it out of a route is safe.
+    let handlers = subs.handlers.load_full();
+    if handlers.capacity() > 0 {
+        out.handlers.push(handlers);
+    }
+    let streams = subs.streams.load_full();
+    if streams.capacity() > 0 {
+        out.streams.push(streams);
+    }
+}
+
+fn collect<T>(
+    node: &Node<T>,
+    mut levels: Split<'_, char>,
+    first_level: bool,
+    system: bool,
+    out: &mut Matched<T>,
+) {
+    match levels.next() {
+        None => {
+            add_node(node, out);
+            // `a/#` also matches `a`.
+            if let Some(hash) = node.child("#") {
+                add_node(hash, out);
+            }
+        }
+        Some(level) => {
+            if !(first_level && system) {
+                if let Some(hash) = node.child("#") {
+                    add_node(hash, out);
+                }
+                if let Some(plus) = node.child("+") {
+                    collect(plus, levels.clone(), false, system, out);
+                }
+            }
+            // Topic names hold no wildcards, so this never aliases `+` or `#`.
+            if let Some(child) = node.child(level) {
+                collect(child, levels, false, system, out);
+            }
+        }
+    }
+}
