@@ -228,7 +228,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         validate_filter(filter)?;
         if capacity == 0 {
             return Err(Error::InvalidConfig {
-                field: "stream capacity",
+                field: "stream_capacity",
                 value: capacity.to_string(),
                 reason: "must be at least 1",
             });

@@ -91,7 +91,6 @@ pub enum Overflow {
 /// with serde, or use [`Bus::builder`](crate::Bus::builder).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-#[non_exhaustive]
 pub struct Config {
     /// Where handlers run. Default [`DeliveryMode::WorkerPool`]: bounded, needs
     /// no runtime, and safe for handlers that block — the safe choice when a
@@ -132,8 +131,8 @@ pub struct Config {
     pub route_cache_capacity: usize,
     /// How long [`Bus::close`](crate::Bus::close) waits for accepted deliveries
     /// to finish. Default 30 s, long enough for any handler that is not stuck.
-    /// In configuration files: `"30s"`, `"250ms"`, `"2m"`, or a number of
-    /// seconds.
+    /// In configuration files: `"30s"`, `"250ms"`, `"2m"`, `"1h"`, or a number
+    /// of seconds.
     #[serde(with = "duration_text")]
     pub close_timeout: Duration,
 }
@@ -203,12 +202,19 @@ mod duration_text {
     use serde::de::{self, Visitor};
     use serde::{Deserializer, Serializer};
 
+    /// Writes the coarsest unit that loses nothing.
     pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        if d.subsec_nanos() == 0 {
-            s.serialize_str(&format!("{}s", d.as_secs()))
+        let nanos = d.as_nanos();
+        let text = if nanos % 1_000_000_000 == 0 {
+            format!("{}s", d.as_secs())
+        } else if nanos % 1_000_000 == 0 {
+            format!("{}ms", d.as_millis())
+        } else if nanos % 1_000 == 0 {
+            format!("{}us", d.as_micros())
         } else {
-            s.serialize_str(&format!("{}ms", d.as_millis()))
-        }
+            format!("{nanos}ns")
+        };
+        s.serialize_str(&text)
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -249,13 +255,17 @@ mod duration_text {
     }
 }
 
-/// Parses `"250ms"`, `"30s"`, `"2m"`, `"1h"`, `"1.5s"`.
+/// Parses `"250ms"`, `"30s"`, `"2m"`, `"1h"`, `"1.5s"`, `"10us"`, `"5ns"`.
 fn parse_duration(text: &str) -> Option<Duration> {
     let text = text.trim();
     let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
     let (number, unit) = text.split_at(split);
+    if let ("ns", Ok(nanos)) = (unit.trim(), number.parse::<u64>()) {
+        return Some(Duration::from_nanos(nanos));
+    }
     let number: f64 = number.parse().ok()?;
     let seconds = match unit.trim() {
+        "us" | "µs" => number / 1_000_000.0,
         "ms" => number / 1_000.0,
         "s" => number,
         "m" => number * 60.0,
@@ -278,6 +288,26 @@ mod tests {
         assert_eq!(parse_duration("s"), None);
         assert_eq!(parse_duration("10"), None);
         assert_eq!(parse_duration("10 weeks"), None);
+        assert_eq!(parse_duration("1500us"), Some(Duration::from_micros(1500)));
+        assert_eq!(parse_duration("7ns"), Some(Duration::from_nanos(7)));
+    }
+
+    #[test]
+    fn durations_round_trip_exactly() {
+        for d in [
+            Duration::from_secs(30),
+            Duration::from_millis(1500),
+            Duration::from_micros(1500),
+            Duration::from_nanos(1_000_000_007),
+        ] {
+            let config = Config {
+                close_timeout: d,
+                ..Config::default()
+            };
+            let json = serde_json::to_string(&config).unwrap();
+            let back: Config = serde_json::from_str(&json).unwrap();
+            assert_eq!(back.close_timeout, d, "{json}");
+        }
     }
 
     #[test]

@@ -58,6 +58,8 @@
 //!   of subscribers.
 //! - Topics follow MQTT 3.1.1/5.0 section 4.7; see [`topic`].
 
+#![forbid(unsafe_code)]
+
 mod builder;
 mod bus;
 mod config;

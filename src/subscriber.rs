@@ -23,17 +23,11 @@ use crate::sync::{AtomicBool, Ordering};
 /// A delivery's future, when a handler is async.
 pub(crate) type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
-/// What calling a sink produced.
-pub(crate) enum Delivery {
-    /// The handler ran to completion.
-    Done,
-    /// An async handler's future, not yet polled.
-    Started(BoxFuture),
-}
-
 /// Something a message can be delivered to, from any thread.
 pub(crate) trait Sink<T>: Send + Sync {
-    fn deliver(&self, message: &Arc<Message<T>>) -> Delivery;
+    /// Runs a sync handler to completion (`None`), or starts an async one and
+    /// returns its future, not yet polled.
+    fn deliver(&self, message: &Arc<Message<T>>) -> Option<BoxFuture>;
 }
 
 /// One subscription's entry.
@@ -77,9 +71,9 @@ pub(crate) struct SyncSink<H>(pub(crate) H);
 
 impl<T, H: Handler<T>> Sink<T> for SyncSink<H> {
     #[inline]
-    fn deliver(&self, message: &Arc<Message<T>>) -> Delivery {
+    fn deliver(&self, message: &Arc<Message<T>>) -> Option<BoxFuture> {
         self.0.handle(message);
-        Delivery::Done
+        None
     }
 }
 
@@ -91,7 +85,7 @@ where
     F: Fn(Arc<Message<T>>) -> Fut + Send + Sync,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    fn deliver(&self, message: &Arc<Message<T>>) -> Delivery {
-        Delivery::Started(Box::pin((self.0)(Arc::clone(message))))
+    fn deliver(&self, message: &Arc<Message<T>>) -> Option<BoxFuture> {
+        Some(Box::pin((self.0)(Arc::clone(message))))
     }
 }

@@ -55,6 +55,30 @@ impl<T> Clone for Node<T> {
     }
 }
 
+/// Dropping a node drops its children, and theirs: recursion as deep as the
+/// trie. Chains of single children (what a deep filter makes) are unlinked
+/// here one by one instead, so dropping a 32,768-level filter does not
+/// overflow the stack. Shared children (held by another version of the trie)
+/// are left to their other owner.
+impl<T> Drop for Node<T> {
+    fn drop(&mut self) {
+        let mut next = take_only_child(&mut self.children);
+        while let Some(child) = next {
+            next = Arc::try_unwrap(child)
+                .ok()
+                .and_then(|mut child| take_only_child(&mut child.children));
+        }
+    }
+}
+
+fn take_only_child<T>(children: &mut Children<T>) -> Option<Arc<Node<T>>> {
+    if children.len() != 1 {
+        return None;
+    }
+    let level = children.keys().next().cloned()?;
+    children.remove(&level)
+}
+
 impl<T> Node<T> {
     fn empty() -> Self {
         Self {
@@ -175,8 +199,7 @@ impl<T: 'static> Trie<T> {
             streams: Vec::new(),
         };
         let root = self.root.load_full();
-        let system = is_system_topic(topic);
-        collect(&root, topic.split('/'), true, system, &mut matched);
+        collect(&root, topic, &mut matched);
         matched
     }
 
@@ -283,12 +306,14 @@ impl<T> Drop for Trie<T> {
     }
 }
 
-fn for_each_subs<T>(node: &Node<T>, f: &mut dyn FnMut(&NodeSubs<T>)) {
-    if let Some(subs) = &node.subs {
-        f(subs);
-    }
-    for child in node.children.values() {
-        for_each_subs(child, f);
+fn for_each_subs<T>(root: &Node<T>, f: &mut dyn FnMut(&NodeSubs<T>)) {
+    // Iterative: a filter may have 32,768 levels, too deep to recurse.
+    let mut stack = vec![root];
+    while let Some(node) = stack.pop() {
+        if let Some(subs) = &node.subs {
+            f(subs);
+        }
+        stack.extend(node.children.values().map(|child| &**child));
     }
 }
 
@@ -298,38 +323,46 @@ fn find<'a, T>(root: &'a Node<T>, filter: &str) -> Option<&'a Node<T>> {
         .try_fold(root, |node, level| node.child(level))
 }
 
-/// A copy of `node` with the node at the end of `levels` given `subs`,
-/// creating missing nodes and pruning ones left empty. `None` if `node`
-/// itself ends up empty.
+/// A copy of `root` with the node at the end of `levels` given `subs`,
+/// creating missing nodes and pruning ones left empty. `None` if the root
+/// itself ends up empty. Adjusts `created` by the nodes created and pruned.
 fn with_subs<T>(
-    node: &Node<T>,
-    mut levels: Split<'_, char>,
+    root: &Node<T>,
+    levels: Split<'_, char>,
     subs: Option<Arc<NodeSubs<T>>>,
     created: &mut isize,
 ) -> Option<Node<T>> {
-    let mut copy = node.clone();
-    match levels.next() {
-        None => copy.subs = subs,
-        Some(level) => {
-            let child = match node.child(level) {
-                Some(child) => child.clone(),
-                None => {
-                    *created += 1;
-                    Node::empty()
-                }
-            };
-            match with_subs(&child, levels, subs, created) {
-                Some(child) => {
-                    copy.children.insert(Arc::from(level), Arc::new(child));
-                }
-                None => {
-                    copy.children.remove(level);
+    // Copy the path down (iteratively: filters can be 32,768 levels deep)...
+    let mut path: Vec<(Node<T>, &str)> = Vec::new();
+    let mut node = root.clone();
+    for level in levels {
+        let child = match node.child(level) {
+            Some(child) => child.clone(),
+            None => {
+                *created += 1;
+                Node::empty()
+            }
+        };
+        path.push((node, level));
+        node = child;
+    }
+    node.subs = subs;
+    // ...then link the copies back up, dropping nodes left empty.
+    let mut below = (!node.is_empty()).then_some(node);
+    while let Some((mut parent, level)) = path.pop() {
+        match below {
+            Some(child) => {
+                parent.children.insert(Arc::from(level), Arc::new(child));
+            }
+            None => {
+                if parent.children.remove(level).is_some() {
                     *created -= 1;
                 }
             }
         }
+        below = (!parent.is_empty()).then_some(parent);
     }
-    (!copy.is_empty()).then_some(copy)
+    below
 }
 
 fn add_node<T>(node: &Node<T>, out: &mut Matched<T>) {
@@ -346,33 +379,33 @@ fn add_node<T>(node: &Node<T>, out: &mut Matched<T>) {
     }
 }
 
-fn collect<T>(
-    node: &Node<T>,
-    mut levels: Split<'_, char>,
-    first_level: bool,
-    system: bool,
-    out: &mut Matched<T>,
-) {
-    match levels.next() {
-        None => {
-            add_node(node, out);
-            // `a/#` also matches `a`.
-            if let Some(hash) = node.child("#") {
-                add_node(hash, out);
-            }
-        }
-        Some(level) => {
-            if !(first_level && system) {
+/// Adds every node matching `topic`'s levels to `out`. Iterative, with an
+/// explicit stack of (node, levels still to match, at the first level).
+fn collect<T>(root: &Node<T>, topic: &str, out: &mut Matched<T>) {
+    let system = is_system_topic(topic);
+    let mut stack = vec![(root, topic.split('/'), true)];
+    while let Some((node, mut levels, first_level)) = stack.pop() {
+        match levels.next() {
+            None => {
+                add_node(node, out);
+                // `a/#` also matches `a`.
                 if let Some(hash) = node.child("#") {
                     add_node(hash, out);
                 }
-                if let Some(plus) = node.child("+") {
-                    collect(plus, levels.clone(), false, system, out);
-                }
             }
-            // Topic names hold no wildcards, so this never aliases `+` or `#`.
-            if let Some(child) = node.child(level) {
-                collect(child, levels, false, system, out);
+            Some(level) => {
+                if !(first_level && system) {
+                    if let Some(hash) = node.child("#") {
+                        add_node(hash, out);
+                    }
+                    if let Some(plus) = node.child("+") {
+                        stack.push((plus, levels.clone(), false));
+                    }
+                }
+                // Topic names hold no wildcards, so this never aliases `+` or `#`.
+                if let Some(child) = node.child(level) {
+                    stack.push((child, levels, false));
+                }
             }
         }
     }

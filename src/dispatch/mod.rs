@@ -55,7 +55,8 @@ use crate::error::Error;
 use crate::message::Message;
 use crate::route::Route;
 use crate::stats::{Counters, Tally};
-use crate::subscriber::{BoxFuture, Delivery};
+use crate::subscriber::{BoxFuture, Sink};
+use crate::subset::SubSet;
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
 pub(crate) use tasks::TaskGauge;
@@ -157,6 +158,15 @@ pub(crate) struct Fanout<T> {
     next: AtomicUsize,
     runners: AtomicUsize,
     helper_queued: AtomicBool,
+}
+
+/// Deliveries of one unit that did not end as "delivered" where they ran.
+#[derive(Default)]
+struct Missed {
+    /// Skipped, panicked or handed over.
+    not_delivered: usize,
+    /// Async deliveries the runner took over, still unfinished.
+    handed_over: usize,
 }
 
 /// A runner's view of its mode: how to enlist help and what to do with an
@@ -268,6 +278,9 @@ impl<T: Send + Sync + 'static> Fanout<T> {
 
     /// Runs deliveries `start..end`, catching panics one delivery at a time
     /// without paying for a catch per delivery.
+    ///
+    /// The hot loop counts only the exceptions (skipped, handed over,
+    /// panicked); the tally is worked out from them once per unit.
     fn deliver(
         &self,
         start: usize,
@@ -277,19 +290,23 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         tally: &mut Tally,
     ) {
         let mut next = start;
+        let mut missed = Missed::default();
         while next < end {
             let result = catch_unwind(AssertUnwindSafe(|| {
-                self.deliver_from(&mut next, end, env, runner, tally);
+                self.deliver_from(&mut next, end, env, runner, &mut missed, tally);
             }));
             if let Err(panic) = result {
                 // `next` is still the index of the delivery that panicked.
                 tally.panics += 1;
-                tally.finished += 1;
+                missed.not_delivered += 1;
                 let subscription = self.entry(next).map(|entry| entry.id());
                 report_panic(self.topic(), subscription, panic.as_ref());
                 next += 1;
             }
         }
+        let count = end - start;
+        tally.finished += (count - missed.handed_over) as u64;
+        tally.delivered += (count - missed.not_delivered) as u64;
     }
 
     #[inline]
@@ -299,40 +316,56 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         end: usize,
         env: &Env,
         runner: &mut impl Runner<T>,
+        missed: &mut Missed,
         tally: &mut Tally,
     ) {
-        let (mut set_index, mut offset) = self.locate(*next);
-        while *next < end {
-            let set = &self.route.handlers[set_index];
-            let stop = (offset + (end - *next)).min(self.lens[set_index]);
-            while offset < stop {
-                if let Some(entry) = set.get(offset) {
-                    if entry.is_active() {
-                        match entry.sink.deliver(&self.message) {
-                            Delivery::Done => tally.delivered += 1,
-                            Delivery::Started(future) => {
-                                if let Some(future) =
-                                    pending::first_poll(future, env.handle.as_ref())
-                                {
-                                    // Not finished: the runner takes it over
-                                    // (and its accounting).
-                                    *next += 1;
-                                    offset += 1;
-                                    runner.pending(future, tally);
-                                    continue;
-                                }
-                                tally.delivered += 1;
+        for (set, slots) in self.segments(*next, end) {
+            for offset in slots {
+                match set.get(offset) {
+                    Some(entry) if entry.is_active() => {
+                        if let Some(started) = entry.sink.deliver(&self.message) {
+                            if let Some(future) = pending::first_poll(started, env.handle.as_ref())
+                            {
+                                // Not finished: the runner takes it over, with
+                                // its accounting.
+                                missed.handed_over += 1;
+                                missed.not_delivered += 1;
+                                *next += 1;
+                                runner.pending(future, tally);
+                                continue;
                             }
                         }
                     }
+                    // Unsubscribed since the publish (or never published).
+                    _ => missed.not_delivered += 1,
                 }
-                tally.finished += 1;
                 *next += 1;
-                offset += 1;
             }
-            set_index += 1;
-            offset = 0;
         }
+    }
+
+    /// The handler sets and slot ranges holding deliveries `start..end`.
+    fn segments(
+        &self,
+        start: usize,
+        end: usize,
+    ) -> impl Iterator<Item = (&SubSet<dyn Sink<T>>, std::ops::Range<usize>)> {
+        let mut skip = start;
+        let mut left = end.saturating_sub(start);
+        self.route
+            .handlers
+            .iter()
+            .zip(self.lens.iter())
+            .filter_map(move |(set, &len)| {
+                if skip >= len {
+                    skip -= len;
+                    return None;
+                }
+                let from = std::mem::take(&mut skip);
+                let to = len.min(from + left);
+                left -= to - from;
+                (to > from).then(|| (&**set, from..to))
+            })
     }
 
     /// Calls `f` on each entry of deliveries `start..end`.
@@ -342,37 +375,14 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         end: usize,
         mut f: impl FnMut(&crate::subscriber::HandlerEntry<T>),
     ) {
-        let (mut set_index, mut offset) = self.locate(start);
-        let mut index = start;
-        while index < end {
-            let set = &self.route.handlers[set_index];
-            let stop = (offset + (end - index)).min(self.lens[set_index]);
-            while offset < stop {
-                if let Some(entry) = set.get(offset) {
-                    f(entry);
-                }
-                index += 1;
-                offset += 1;
-            }
-            set_index += 1;
-            offset = 0;
+        for (set, slots) in self.segments(start, end) {
+            slots.filter_map(|offset| set.get(offset)).for_each(&mut f);
         }
     }
 
     fn entry(&self, index: usize) -> Option<&crate::subscriber::HandlerEntry<T>> {
-        let (set_index, offset) = self.locate(index);
-        self.route.handlers.get(set_index)?.get(offset)
-    }
-
-    /// The handler set and offset of delivery `index`.
-    fn locate(&self, mut index: usize) -> (usize, usize) {
-        for (set_index, &len) in self.lens.iter().enumerate() {
-            if index < len {
-                return (set_index, index);
-            }
-            index -= len;
-        }
-        (self.lens.len(), 0)
+        let (set, mut slots) = self.segments(index, index + 1).next()?;
+        set.get(slots.next()?)
     }
 }
 
