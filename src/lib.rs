@@ -76,6 +76,11 @@ mod sync;
 pub mod topic;
 mod trie;
 
+/// The README's example, compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctest;
+
 pub use builder::BusBuilder;
 pub use bus::{Bus, ByteBus, Footprint};
 pub use config::{Batch, Config, DeliveryMode, Overflow};
