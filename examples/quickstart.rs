@@ -112,7 +112,10 @@ async fn main() -> Result<(), blazesub::Error> {
 
     println!("site averages:");
     for (building, (sum, count)) in averages.lock().unwrap().iter() {
-        println!("  {building:>5}: {:.2} °C over {count} readings", sum / *count as f64);
+        println!(
+            "  {building:>5}: {:.2} °C over {count} readings",
+            sum / *count as f64
+        );
     }
     println!(
         "north stream: {north_seen} messages taken, {north_lost} lost to a full mailbox, \

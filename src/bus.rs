@@ -117,6 +117,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         config.validate()?;
         let env = Arc::new(Env {
             counters: Arc::new(Counters::new()),
+            workers: config.workers,
             handle,
             tasks: TaskGauge::new(config.max_inflight_tasks),
             overflow: config.overflow,

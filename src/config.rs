@@ -43,7 +43,9 @@ pub enum DeliveryMode {
     WorkerPool,
     /// Every delivery runs on the publisher's thread before `publish` returns.
     /// The fastest for cheap handlers; a handler that blocks blocks the
-    /// publisher. The threshold and overflow policy do not apply.
+    /// publisher. The threshold does not apply, and the overflow policy only
+    /// to async handlers still pending after their first poll when
+    /// `max_inflight_tasks` tasks are already alive.
     Inline,
 }
 
@@ -81,7 +83,10 @@ pub enum Overflow {
     /// The deliveries that could not be queued are dropped and counted in
     /// [`Stats::dropped`](crate::Stats::dropped).
     Drop,
-    /// Like `Drop`, and `publish` returns [`Error::Overloaded`].
+    /// Like `Drop`, and a `publish` that had to drop deliveries returns
+    /// [`Error::Overloaded`]. It reports what was refused during the call; an
+    /// async delivery a worker cancels later (at the task cap) is only
+    /// counted.
     Error,
 }
 

@@ -12,7 +12,8 @@
 //! - [`Receiver::recv`] returns `None` once the bus has been closed (or
 //!   dropped) and the mailbox is empty. Dropping the receiver unsubscribes.
 //! - A message counts as delivered (`Stats::delivered`) when the receiver takes
-//!   it; one still waiting in the mailbox is neither delivered nor lost yet.
+//!   it; one still waiting in the mailbox is neither delivered nor lost yet,
+//!   and one still there when the receiver is dropped counts as dropped.
 
 use std::fmt;
 use std::pin::Pin;
@@ -213,6 +214,23 @@ impl<T> Receiver<T> {
     /// The filter this receiver subscribed with.
     pub fn filter(&self) -> &str {
         self.subscription.filter()
+    }
+}
+
+/// Unsubscribes, and counts the messages left unread as dropped.
+impl<T> Drop for Receiver<T> {
+    fn drop(&mut self) {
+        self.subscription.remove_now();
+        let mailbox = &self.entry.sink;
+        // Closing first makes a push that races this drop count itself.
+        mailbox.close();
+        let mut unread = 0;
+        while mailbox.queue.pop().is_some() {
+            unread += 1;
+        }
+        if unread > 0 {
+            self.counters.dropped_now(unread);
+        }
     }
 }
 

@@ -27,14 +27,16 @@ use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Successful `publish` calls.
+    /// `publish` calls the bus accepted (a valid topic on an open bus),
+    /// including ones that returned `Error::Overloaded`.
     pub published: u64,
     /// Deliveries completed: handler calls that returned (for async handlers,
     /// whose future completed) and messages stream receivers took.
     pub delivered: u64,
     /// Deliveries lost to a policy: refused under `Overflow::Drop` or
     /// `Overflow::Error`, pushed out of a full stream mailbox by a newer
-    /// message, or arriving at a mailbox already closed.
+    /// message, arriving at a mailbox already closed, or left unread in a
+    /// mailbox when its `Receiver` was dropped.
     pub dropped: u64,
     /// Handler calls that panicked. The panic was caught; nobody else noticed.
     pub handler_panics: u64,

@@ -12,7 +12,10 @@
 //! - A [`Subscription`] lives until it is dropped or
 //!   [`unsubscribe`](Subscription::unsubscribe)d. When either returns, no
 //!   delivery to it that had not already started will run, including ones
-//!   queued before; a handler call already running may finish.
+//!   queued before; a handler call already running may finish. A delivery
+//!   *starts* when it checks the subscription's flag, immediately before
+//!   calling the handler (unsubscribing does not wait for running handlers,
+//!   so a handler may unsubscribe itself).
 //!   [`detach`](Subscription::detach) keeps it for the life of the bus.
 
 use std::fmt;
@@ -120,6 +123,13 @@ impl Subscription {
         drop(self);
     }
 
+    /// Unsubscribes now, leaving an inert handle.
+    pub(crate) fn remove_now(&mut self) {
+        if let Some(remover) = self.remover.take() {
+            remover.remove();
+        }
+    }
+
     /// Keeps the subscription for as long as the bus lives, without a handle.
     pub fn detach(mut self) {
         self.remover = None;
@@ -128,9 +138,7 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        if let Some(remover) = self.remover.take() {
-            remover.remove();
-        }
+        self.remove_now();
     }
 }
 

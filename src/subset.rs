@@ -81,6 +81,13 @@ impl<S: ?Sized> SubSet<S> {
         self.slots.get(index).and_then(OnceLock::get)
     }
 
+    /// The slots in `range` (which must lie below a length this thread
+    /// loaded).
+    #[inline]
+    pub(crate) fn slots(&self, range: std::ops::Range<usize>) -> &[OnceLock<Arc<Subscriber<S>>>] {
+        &self.slots[range]
+    }
+
     /// The first `len` entries (a length previously read with [`Self::len`]).
     pub(crate) fn entries(&self, len: usize) -> impl Iterator<Item = &Arc<Subscriber<S>>> {
         self.slots[..len.min(self.slots.len())]

@@ -86,9 +86,11 @@ fn missing_fields_take_their_defaults() {
     let c = parse_ok(r#"{ "workers": 3, "overflow": "drop" }"#);
     assert_eq!(c.workers, 3);
     assert_eq!(c.overflow, Overflow::Drop);
-    let mut expected = Config::default();
-    expected.workers = 3;
-    expected.overflow = Overflow::Drop;
+    let expected = Config {
+        workers: 3,
+        overflow: Overflow::Drop,
+        ..Config::default()
+    };
     assert_eq!(c, expected);
 }
 
@@ -276,12 +278,14 @@ fn wrongly_typed_numbers_are_rejected() {
 
 #[test]
 fn config_round_trips_through_json() {
-    let mut c = Config::default();
-    c.delivery = DeliveryMode::TaskPerSubscriber;
-    c.workers = 3;
-    c.batch = Batch::Single;
-    c.overflow = Overflow::Drop;
-    c.close_timeout = Duration::from_millis(1500);
+    let c = Config {
+        delivery: DeliveryMode::TaskPerSubscriber,
+        workers: 3,
+        batch: Batch::Single,
+        overflow: Overflow::Drop,
+        close_timeout: Duration::from_millis(1500),
+        ..Config::default()
+    };
     let json = serde_json::to_string(&c).unwrap();
     assert!(json.contains(r#""task_per_subscriber""#), "{json}");
     assert_eq!(parse_ok(&json), c);

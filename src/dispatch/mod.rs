@@ -27,11 +27,13 @@
 //! - `Batch::Single` below the threshold: one per unit, each claiming exactly
 //!   one — BlazeSub's job per subscriber, and its cost (the cliff the `cliff`
 //!   bench reproduces);
-//! - `Batch::Chunked` below the threshold: one, which enlists a helper runner
-//!   whenever units remain and fewer than `workers` runners are on the job, so
-//!   under a burst each worker drains its own job with no contention, while a
-//!   lone publish still spreads over every idle worker;
-//! - above the threshold: one per unit (`Single`: one in all).
+//! - `Batch::Chunked`, either side of the threshold: one, which enlists a
+//!   helper runner whenever units remain, fewer than `workers` runners are on
+//!   the job, and the mode has an idle worker (or task slot) right now. Under
+//!   a burst every worker is busy, so each drains its own job with no
+//!   contention on its cursor; a lone publish still spreads over every idle
+//!   worker;
+//! - `Batch::Single` above the threshold: one, for the single unit.
 //!
 //! # Accounting
 //! Every delivery handed to a job is in flight until a runner finishes it
@@ -128,7 +130,7 @@ impl Policy {
                 let chunks = self.workers.min(n / MIN_CHUNK).max(1);
                 Plan {
                     unit: n.div_ceil(chunks),
-                    runners: chunks,
+                    runners: 1,
                     max_runners: chunks,
                     single_claim: false,
                 }
@@ -140,6 +142,8 @@ impl Policy {
 /// What every runner of a bus shares.
 pub(crate) struct Env {
     pub(crate) counters: Arc<Counters>,
+    /// `Config::workers`: the parallelism a job may spread over.
+    pub(crate) workers: usize,
     pub(crate) handle: Option<Handle>,
     pub(crate) tasks: TaskGauge,
     pub(crate) overflow: Overflow,
@@ -172,6 +176,9 @@ struct Missed {
 /// A runner's view of its mode: how to enlist help and what to do with an
 /// async delivery that did not finish on its first poll.
 pub(crate) trait Runner<T> {
+    /// Whether a helper would find an idle worker (or task slot) now. Asked
+    /// before every claim that could use help, so it must be a cheap read.
+    fn has_idle_capacity(&self) -> bool;
     /// Starts one more runner on `job` if that can be done without waiting.
     fn offer_helper(&mut self, job: &Fanout<T>) -> bool;
     /// Takes over an async delivery still running after its first poll. It
@@ -243,6 +250,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
     fn enlist_helper(&self, runner: &mut impl Runner<T>) {
         if self.runners.load(Ordering::Relaxed) >= self.plan.max_runners
             || self.helper_queued.load(Ordering::Relaxed)
+            || !runner.has_idle_capacity()
             || self.helper_queued.swap(true, Ordering::Relaxed)
         {
             return;
@@ -320,8 +328,8 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         tally: &mut Tally,
     ) {
         for (set, slots) in self.segments(*next, end) {
-            for offset in slots {
-                match set.get(offset) {
+            for slot in set.slots(slots) {
+                match slot.get() {
                     Some(entry) if entry.is_active() => {
                         if let Some(started) = entry.sink.deliver(&self.message) {
                             if let Some(future) = pending::first_poll(started, env.handle.as_ref())
@@ -425,16 +433,15 @@ impl<T: Send + Sync + 'static> Dispatcher<T> {
         })
     }
 
-    /// Hands `job` to runners. Under `Overflow::Drop` and `Overflow::Error`,
-    /// returns how many deliveries were dropped for lack of room.
+    /// Hands `job` to runners. Returns how many deliveries were dropped for
+    /// lack of room during this call (under `Overflow::Drop` and
+    /// `Overflow::Error`); drops that happen later, on a worker, only reach
+    /// the counters.
     pub(crate) fn dispatch(&self, job: Fanout<T>, env: &Arc<Env>) -> usize {
         match self {
             Dispatcher::Tasks(tasks) => tasks.dispatch(Arc::new(job), env),
             Dispatcher::Pool(pool) => pool.dispatch(Arc::new(job), env),
-            Dispatcher::Inline => {
-                inline::run(&job, env);
-                0
-            }
+            Dispatcher::Inline => inline::run(&job, env),
         }
     }
 
@@ -509,7 +516,10 @@ mod tests {
         let single = policy(10, Batch::Single, 4).plan(1000);
         assert_eq!((single.unit, single.runners), (1000, 1));
         let chunked = policy(10, Batch::Chunked, 4).plan(1000);
-        assert_eq!((chunked.unit, chunked.runners), (250, 4));
+        assert_eq!(
+            (chunked.unit, chunked.runners, chunked.max_runners),
+            (250, 1, 4)
+        );
     }
 
     #[test]
@@ -523,9 +533,9 @@ mod tests {
     #[test]
     fn chunks_are_never_tiny() {
         let plan = policy(10, Batch::Chunked, 8).plan(40);
-        assert_eq!((plan.unit, plan.runners), (40, 1));
+        assert_eq!((plan.unit, plan.max_runners), (40, 1));
         let plan = policy(10, Batch::Chunked, 8).plan(64);
-        assert_eq!((plan.unit, plan.runners), (32, 2));
+        assert_eq!((plan.unit, plan.max_runners), (32, 2));
         let plan = policy(10, Batch::Chunked, 8).plan(11);
         assert_eq!((plan.unit, plan.runners), (11, 1));
     }

@@ -4,13 +4,15 @@
 //! worker, a task runner, or the publisher). Most handlers finish then and
 //! cost nothing more. One that is still pending continues as its own task on
 //! the bus's runtime, so an awaiting handler never holds up a runner. Those
-//! tasks count against `max_inflight_tasks`; at the cap the overflow policy
+//! tasks count against `max_inflight_tasks`. At the cap, a task runner
+//! finishes the future itself (it already holds a task slot; its pending
+//! deliveries are awaited together), and elsewhere the overflow policy
 //! decides:
-//! - `CallerRuns`: the runner finishes the future itself — a task runner
-//!   awaits it, a worker thread blocks on it; a publisher blocks on it if it
-//!   is outside any runtime, and otherwise (it may not block a runtime thread)
-//!   lets it continue as a task beyond the cap;
-//! - `Drop` / `Error`: the future is cancelled and counted as dropped.
+//! - `CallerRuns`: a worker thread blocks on the future; a publisher blocks on
+//!   it if it is outside any runtime, and otherwise (it may not block a
+//!   runtime thread) lets it continue as a task beyond the cap;
+//! - `Drop` / `Error`: the future is cancelled and counted as dropped (in
+//!   `Inline` mode `publish` then returns `Error::Overloaded` under `Error`).
 //!
 //! A continued delivery stays in flight until its future completes, panics
 //! (caught and counted) or is cancelled by the runtime shutting down (counted
@@ -75,6 +77,11 @@ pub(super) fn settle(
         handle.spawn(finish(future, Arc::clone(env), Some(permit)));
         return None;
     }
+    if place == Place::Task {
+        // A task runner already holds a task slot: finishing the delivery
+        // there takes no new one, whatever the policy.
+        return Some(future);
+    }
     match env.overflow {
         Overflow::Drop | Overflow::Error => {
             drop(future);
@@ -83,12 +90,11 @@ pub(super) fn settle(
             None
         }
         Overflow::CallerRuns => match place {
-            Place::Task => Some(future),
             Place::Publisher if Handle::try_current().is_ok() => {
                 handle.spawn(finish(future, Arc::clone(env), None));
                 None
             }
-            Place::Worker | Place::Publisher => {
+            Place::Worker | Place::Publisher | Place::Task => {
                 match handle.block_on(CatchUnwind(future)) {
                     Ok(()) => tally.delivered += 1,
                     Err(panic) => {
@@ -124,17 +130,32 @@ async fn finish(future: BoxFuture, env: Arc<Env>, permit: Option<TaskPermit>) {
     drop(permit);
 }
 
-/// Awaits a pending delivery inside a task runner, accounting for it in
-/// `tally`.
-pub(super) async fn finish_here(future: BoxFuture, tally: &mut Tally) {
-    match CatchUnwind(future).await {
-        Ok(()) => tally.delivered += 1,
-        Err(panic) => {
-            tally.panics += 1;
-            report_panic("(async handler)", None, panic.as_ref());
+/// Awaits pending deliveries inside a task runner, all at once, accounting
+/// for them in `tally`.
+pub(super) async fn finish_here(futures: Vec<BoxFuture>, tally: &mut Tally) {
+    let mut pending: Vec<CatchUnwind> = futures.into_iter().map(CatchUnwind).collect();
+    std::future::poll_fn(|cx| {
+        pending.retain_mut(|future| match Pin::new(future).poll(cx) {
+            Poll::Pending => true,
+            Poll::Ready(outcome) => {
+                match outcome {
+                    Ok(()) => tally.delivered += 1,
+                    Err(panic) => {
+                        tally.panics += 1;
+                        report_panic("(async handler)", None, panic.as_ref());
+                    }
+                }
+                tally.finished += 1;
+                false
+            }
+        });
+        if pending.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
         }
-    }
-    tally.finished += 1;
+    })
+    .await;
 }
 
 /// Adds a continued delivery's outcome to the counters when its task ends,

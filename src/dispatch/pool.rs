@@ -22,7 +22,8 @@ use crate::config::Overflow;
 use crate::error::Error;
 use crate::stats::Tally;
 use crate::subscriber::BoxFuture;
-use crate::sync::{AtomicBool, Ordering};
+use crate::sync::{AtomicBool, AtomicUsize, Ordering};
+use crossbeam_utils::CachePadded;
 
 pub(crate) enum Ticket<T> {
     Run(Arc<Fanout<T>>),
@@ -31,6 +32,8 @@ pub(crate) enum Ticket<T> {
 
 pub(crate) struct Pool<T> {
     queue: Sender<Ticket<T>>,
+    /// Workers waiting for a ticket (or about to).
+    idle: Arc<CachePadded<AtomicUsize>>,
     workers: usize,
     stopped: AtomicBool,
     /// Queues `n` stop tickets from a thread of its own, for when the queue
@@ -44,6 +47,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
         let stop_queue = queue.clone();
         let mut pool = Self {
             queue,
+            idle: Arc::new(CachePadded::new(AtomicUsize::new(0))),
             workers: 0,
             stopped: AtomicBool::new(false),
             send_stops_later: Box::new(move |n| {
@@ -63,10 +67,11 @@ impl<T: Send + Sync + 'static> Pool<T> {
         for index in 0..workers {
             let tickets = tickets.clone();
             let queue = pool.queue.clone();
+            let idle = Arc::clone(&pool.idle);
             let env = Arc::clone(env);
             thread::Builder::new()
                 .name(format!("blazesub-worker-{index}"))
-                .spawn(move || work(&tickets, &queue, &env))
+                .spawn(move || work(&tickets, &queue, &idle, &env))
                 // Dropping `pool` stops the workers already started.
                 .map_err(Error::Spawn)?;
             pool.workers += 1;
@@ -85,6 +90,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
                     Overflow::CallerRuns => {
                         let mut runner = PoolRunner {
                             queue: &self.queue,
+                            idle: &self.idle,
                             job: &job,
                             env,
                             place: Place::Publisher,
@@ -123,11 +129,17 @@ impl<T> Drop for Pool<T> {
 fn work<T: Send + Sync + 'static>(
     tickets: &Receiver<Ticket<T>>,
     queue: &Sender<Ticket<T>>,
+    idle: &AtomicUsize,
     env: &Arc<Env>,
 ) {
-    while let Ok(Ticket::Run(job)) = tickets.recv() {
+    loop {
+        idle.fetch_add(1, Ordering::Relaxed);
+        let ticket = tickets.recv();
+        idle.fetch_sub(1, Ordering::Relaxed);
+        let Ok(Ticket::Run(job)) = ticket else { return };
         let mut runner = PoolRunner {
             queue,
+            idle,
             job: &job,
             env,
             place: Place::Worker,
@@ -141,12 +153,17 @@ fn work<T: Send + Sync + 'static>(
 /// A runner on a worker thread, or on a publisher the queue had no room for.
 struct PoolRunner<'a, T> {
     queue: &'a Sender<Ticket<T>>,
+    idle: &'a AtomicUsize,
     job: &'a Arc<Fanout<T>>,
     env: &'a Arc<Env>,
     place: Place,
 }
 
 impl<T: Send + Sync + 'static> Runner<T> for PoolRunner<'_, T> {
+    fn has_idle_capacity(&self) -> bool {
+        self.idle.load(Ordering::Relaxed) > 0
+    }
+
     fn offer_helper(&mut self, _job: &Fanout<T>) -> bool {
         self.queue
             .try_send(Ticket::Run(Arc::clone(self.job)))

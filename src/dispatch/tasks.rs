@@ -130,8 +130,9 @@ fn spawn_runner<T: Send + Sync + 'static>(
         let mut tally = Tally::default();
         job.run(&env, &mut runner, &mut tally);
         // Pending deliveries the cap kept from becoming tasks of their own.
-        for future in std::mem::take(&mut runner.awaited) {
-            pending::finish_here(future, &mut tally).await;
+        let awaited = std::mem::take(&mut runner.awaited);
+        if !awaited.is_empty() {
+            pending::finish_here(awaited, &mut tally).await;
         }
         env.counters.add(&tally);
         drop(permit);
@@ -147,6 +148,10 @@ struct TaskRunner<'a, T> {
 }
 
 impl<T: Send + Sync + 'static> Runner<T> for TaskRunner<'_, T> {
+    fn has_idle_capacity(&self) -> bool {
+        has_idle_capacity(self.env)
+    }
+
     fn offer_helper(&mut self, _job: &Fanout<T>) -> bool {
         offer_helper(self.handle, self.job, self.env)
     }
@@ -166,6 +171,10 @@ struct PublisherRunner<'a, T> {
 }
 
 impl<T: Send + Sync + 'static> Runner<T> for PublisherRunner<'_, T> {
+    fn has_idle_capacity(&self) -> bool {
+        has_idle_capacity(self.env)
+    }
+
     fn offer_helper(&mut self, _job: &Fanout<T>) -> bool {
         offer_helper(self.handle, self.job, self.env)
     }
@@ -173,6 +182,12 @@ impl<T: Send + Sync + 'static> Runner<T> for PublisherRunner<'_, T> {
     fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) {
         pending::settle(delivery, self.env, Place::Publisher, tally);
     }
+}
+
+/// Fewer of the bus's tasks are alive than it has workers: a helper task would
+/// likely find a free runtime thread.
+fn has_idle_capacity(env: &Env) -> bool {
+    env.tasks.live() < env.workers
 }
 
 fn offer_helper<T: Send + Sync + 'static>(

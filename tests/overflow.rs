@@ -1,0 +1,404 @@
+//! Overflow policies through the public API: when the worker pool's queue or
+//! the task cap is full, `Drop` counts what it drops, `Error` also fails the
+//! publish, and `CallerRuns` runs the delivery on the publisher, so every
+//! message is either delivered exactly once or counted as dropped.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use blazesub::{Batch, Bus, DeliveryMode, Error, Message, Overflow, Subscription};
+use common::{wait_until, Gate, Hits, MODES};
+
+const K: u32 = 50;
+const POLICIES: [Overflow; 3] = [Overflow::Drop, Overflow::Error, Overflow::CallerRuns];
+
+/// A subscription on `o/x` whose handler blocks at `gate` on message 0 only,
+/// and records every message and whether it ran on `publisher`.
+struct Probe {
+    gate: Arc<Gate>,
+    entered: Arc<AtomicU64>,
+    hits: Arc<Hits>,
+    on_publisher: Arc<AtomicU64>,
+    _sub: Subscription,
+}
+
+fn probe(bus: &Bus<u32>) -> Probe {
+    let gate = Arc::new(Gate::new());
+    let entered = Arc::new(AtomicU64::new(0));
+    let hits = Arc::new(Hits::new(K as usize));
+    let on_publisher = Arc::new(AtomicU64::new(0));
+    let publisher = std::thread::current().id();
+    let (g, e, h, p) = (
+        Arc::clone(&gate),
+        Arc::clone(&entered),
+        Arc::clone(&hits),
+        Arc::clone(&on_publisher),
+    );
+    let sub = bus
+        .subscribe("o/x", move |m: &Message<u32>| {
+            e.fetch_add(1, Ordering::SeqCst);
+            if *m.data() == 0 {
+                g.wait();
+            }
+            if std::thread::current().id() == publisher {
+                p.fetch_add(1, Ordering::SeqCst);
+            }
+            h.hit(*m.data());
+        })
+        .unwrap();
+    Probe {
+        gate,
+        entered,
+        hits,
+        on_publisher,
+        _sub: sub,
+    }
+}
+
+/// Publishes message `id` to a bus with no room left and checks what the
+/// policy did. `full_since` is the first id that met a full bus.
+fn publish_into_full(bus: &Bus<u32>, probe: &Probe, policy: Overflow, id: u32, full_since: u32) {
+    let what = format!("{policy:?}, message {id}");
+    let overflowed = u64::from(id - full_since + 1);
+    let result = bus.publish("o/x", id);
+    match policy {
+        Overflow::Drop => {
+            assert_eq!(result.unwrap(), 1, "{what}");
+            assert_eq!(bus.stats().dropped, overflowed, "{what}: drop not counted");
+        }
+        Overflow::Error => {
+            match result {
+                Err(Error::Overloaded {
+                    topic,
+                    dropped,
+                    matched,
+                }) => {
+                    assert_eq!((topic.as_str(), dropped, matched), ("o/x", 1, 1), "{what}");
+                }
+                other => panic!("{what}: expected Error::Overloaded, got {other:?}"),
+            }
+            assert_eq!(bus.stats().dropped, overflowed, "{what}: drop not counted");
+        }
+        Overflow::CallerRuns => {
+            assert_eq!(result.unwrap(), 1, "{what}");
+            assert_eq!(
+                probe.hits.get(id),
+                1,
+                "{what}: the publisher did not run the delivery before returning"
+            );
+            assert_eq!(bus.stats().caller_runs, overflowed, "{what}");
+            assert_eq!(bus.stats().dropped, 0, "{what}");
+        }
+    }
+}
+
+/// After the gate opens and the bus closes: every message was delivered
+/// exactly once or counted as dropped, as the policy says.
+async fn check_outcome(
+    bus: &Bus<u32>,
+    probe: &Probe,
+    policy: Overflow,
+    delivered_before_full: u32,
+) {
+    probe.gate.open();
+    bus.close().await.unwrap();
+    let stats = bus.stats();
+    let what = format!("{policy:?}");
+    assert_eq!(bus.inflight_messages(), 0, "{what}");
+    assert_eq!(
+        stats.delivered + stats.dropped,
+        u64::from(K),
+        "{what}: every message is delivered or counted dropped"
+    );
+    match policy {
+        Overflow::CallerRuns => {
+            probe.hits.assert_exactly_once(&what);
+            assert_eq!(stats.dropped, 0, "{what}");
+            assert_eq!(
+                probe.on_publisher.load(Ordering::SeqCst),
+                u64::from(K - delivered_before_full),
+                "{what}: the overflowing deliveries ran on the publisher's thread"
+            );
+        }
+        _ => {
+            let expected = |id: u32| u32::from(id < delivered_before_full);
+            if let Some((id, got)) = probe.hits.first_mismatch(expected) {
+                panic!(
+                    "{what}: message {id} delivered {got} times, expected {}",
+                    expected(id)
+                );
+            }
+            assert_eq!(stats.delivered, u64::from(delivered_before_full), "{what}");
+        }
+    }
+}
+
+/// One worker, a queue of one job: message 0 blocks the worker, message 1
+/// fills the queue, and every later publish meets a full queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_pool_full_queue_follows_the_policy() {
+    for policy in POLICIES {
+        let bus = Bus::<u32>::builder()
+            .delivery(DeliveryMode::WorkerPool)
+            .workers(1)
+            .queue_capacity(1)
+            .overflow(policy)
+            .build()
+            .unwrap();
+        let probe = probe(&bus);
+        assert_eq!(bus.publish("o/x", 0).unwrap(), 1);
+        assert!(
+            wait_until(Duration::from_secs(10), || probe
+                .entered
+                .load(Ordering::SeqCst)
+                == 1),
+            "the worker never started message 0"
+        );
+        assert_eq!(bus.publish("o/x", 1).unwrap(), 1, "{policy:?}: queued");
+        for id in 2..K {
+            publish_into_full(&bus, &probe, policy, id, 2);
+        }
+        check_outcome(&bus, &probe, policy, 2).await;
+    }
+}
+
+/// A cap of one task: message 0's task blocks, and every later publish meets
+/// the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_cap_follows_the_policy() {
+    for policy in POLICIES {
+        let bus = Bus::<u32>::builder()
+            .delivery(DeliveryMode::TaskPerSubscriber)
+            .max_inflight_tasks(1)
+            .overflow(policy)
+            .build()
+            .unwrap();
+        let probe = probe(&bus);
+        assert_eq!(bus.publish("o/x", 0).unwrap(), 1);
+        for id in 1..K {
+            publish_into_full(&bus, &probe, policy, id, 1);
+        }
+        check_outcome(&bus, &probe, policy, 1).await;
+    }
+}
+
+/// A publish reaching 40 subscriptions when there is no room: whatever the
+/// batch policy and threshold, all 40 deliveries are dropped and counted,
+/// and `Error` reports exactly that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_fanout_that_finds_no_room_is_counted() {
+    const MANY: usize = 40;
+    for mode in [DeliveryMode::WorkerPool, DeliveryMode::TaskPerSubscriber] {
+        for policy in [Overflow::Drop, Overflow::Error] {
+            for (batch, threshold) in [
+                (Batch::Single, 1),
+                (Batch::Single, 10_000),
+                (Batch::Chunked, 1),
+                (Batch::Chunked, 10_000),
+            ] {
+                let what = format!("{mode:?} {policy:?} {batch:?} threshold {threshold}");
+                let bus = Bus::<u32>::builder()
+                    .delivery(mode)
+                    .workers(1)
+                    .queue_capacity(1)
+                    .max_inflight_tasks(1)
+                    .batch(batch)
+                    .max_concurrent_subscriptions(threshold)
+                    .overflow(policy)
+                    .build()
+                    .unwrap();
+                let probe = probe(&bus);
+                let many = Arc::new(AtomicU64::new(0));
+                let _subs: Vec<Subscription> = (0..MANY)
+                    .map(|_| {
+                        let many = Arc::clone(&many);
+                        bus.subscribe("o/many", move |_: &Message<u32>| {
+                            many.fetch_add(1, Ordering::SeqCst);
+                        })
+                        .unwrap()
+                    })
+                    .collect();
+                // Fill the bus: the worker (or the one task) blocks on
+                // message 0; in pool mode message 1 takes the queue's slot.
+                bus.publish("o/x", 0).unwrap();
+                let mut accepted = 1;
+                if mode == DeliveryMode::WorkerPool {
+                    assert!(wait_until(Duration::from_secs(10), || probe
+                        .entered
+                        .load(Ordering::SeqCst)
+                        == 1));
+                    bus.publish("o/x", 1).unwrap();
+                    accepted = 2;
+                }
+                let before = bus.stats().dropped;
+                let result = bus.publish("o/many", 7);
+                match policy {
+                    Overflow::Drop => assert_eq!(result.unwrap(), MANY, "{what}"),
+                    _ => match result {
+                        Err(Error::Overloaded {
+                            dropped, matched, ..
+                        }) => assert_eq!((dropped, matched), (MANY, MANY), "{what}"),
+                        other => panic!("{what}: expected Error::Overloaded, got {other:?}"),
+                    },
+                }
+                assert_eq!(bus.stats().dropped - before, MANY as u64, "{what}");
+                probe.gate.open();
+                bus.close().await.unwrap();
+                assert_eq!(
+                    many.load(Ordering::SeqCst),
+                    0,
+                    "{what}: dropped yet delivered"
+                );
+                let stats = bus.stats();
+                assert_eq!(stats.delivered, accepted, "{what}");
+                assert_eq!(stats.dropped, MANY as u64, "{what}");
+            }
+        }
+    }
+}
+
+/// Async handlers that stay pending, against a task cap of 2 under `Drop`:
+/// at most 2 can continue as tasks, the rest are cancelled and counted; a
+/// delivery is either completed (and counted delivered) or counted dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_deliveries_beyond_the_task_cap_are_counted() {
+    const CAP: usize = 2;
+    const N: u32 = 20;
+    for mode in MODES {
+        let bus = Bus::<u32>::builder()
+            .delivery(mode)
+            .workers(2)
+            .max_inflight_tasks(CAP)
+            .overflow(Overflow::Drop)
+            .build()
+            .unwrap();
+        let release = Arc::new(tokio::sync::Semaphore::new(0));
+        let hits = Arc::new(Hits::new(N as usize));
+        let (r, h) = (Arc::clone(&release), Arc::clone(&hits));
+        let _sub = bus
+            .subscribe_async("a/x", move |m: Arc<Message<u32>>| {
+                let (r, h) = (Arc::clone(&r), Arc::clone(&h));
+                async move {
+                    r.acquire().await.unwrap().forget();
+                    h.hit(*m.data());
+                }
+            })
+            .unwrap();
+        for id in 0..N {
+            bus.publish("a/x", id).unwrap();
+        }
+        // Every delivery has been accepted; wait until each one either
+        // continues as a task or was dropped, then let them finish.
+        assert!(wait_until(Duration::from_secs(10), || {
+            bus.inflight_messages() <= CAP as u64
+        }));
+        release.add_permits(N as usize);
+        bus.close().await.unwrap();
+        let stats = bus.stats();
+        assert_eq!(
+            stats.delivered + stats.dropped,
+            u64::from(N),
+            "{mode:?}: delivered {} + dropped {}",
+            stats.delivered,
+            stats.dropped
+        );
+        assert!(
+            stats.dropped >= u64::from(N) - CAP as u64,
+            "{mode:?}: only {CAP} tasks may be alive, yet only {} were dropped",
+            stats.dropped
+        );
+        assert_eq!(hits.total(), stats.delivered, "{mode:?}");
+        assert!(
+            (0..N).all(|id| hits.get(id) <= 1),
+            "{mode:?}: delivered twice"
+        );
+    }
+}
+
+/// In `Inline` mode the publisher itself drops an async delivery that finds
+/// the task cap full, so under `Overflow::Error` it can and must say so. (Or,
+/// per `DeliveryMode::Inline`'s docs, "the overflow policy does not apply"
+/// and nothing is dropped; either way a publish may not return `Ok` while it
+/// dropped a delivery under `Error`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_publish_under_error_reports_what_it_dropped() {
+    const M: u32 = 5;
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::Inline)
+        .max_inflight_tasks(1)
+        .overflow(Overflow::Error)
+        .build()
+        .unwrap();
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let r = Arc::clone(&release);
+    let _sub = bus
+        .subscribe_async("a/x", move |_: Arc<Message<u32>>| {
+            let r = Arc::clone(&r);
+            async move { r.acquire().await.unwrap().forget() }
+        })
+        .unwrap();
+    for id in 0..M {
+        let before = bus.stats().dropped;
+        let result = bus.publish("a/x", id);
+        let dropped_now = (bus.stats().dropped - before) as usize;
+        if dropped_now > 0 {
+            match result {
+                Err(Error::Overloaded { dropped, .. }) => assert_eq!(dropped, dropped_now),
+                other => panic!(
+                    "publish {id} dropped {dropped_now} deliveries under Overflow::Error but \
+                     returned {other:?}"
+                ),
+            }
+        }
+    }
+    release.add_permits(M as usize);
+    bus.close().await.unwrap();
+    let stats = bus.stats();
+    assert_eq!(stats.delivered + stats.dropped, u64::from(M));
+}
+
+/// A `TaskPerSubscriber` runner that polls an async delivery which is still
+/// pending can finish it itself without a new task (as it does under
+/// `CallerRuns`). Under `Drop` it cancels it instead whenever the cap is
+/// reached, counting the runner itself: with `max_inflight_tasks(1)` no
+/// async handler that awaits can ever complete, even when each message is
+/// published alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_runner_finishes_its_own_async_delivery_at_the_cap() {
+    const M: u32 = 10;
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::TaskPerSubscriber)
+        .max_inflight_tasks(1)
+        .overflow(Overflow::Drop)
+        .build()
+        .unwrap();
+    let hits = Arc::new(Hits::new(M as usize));
+    let h = Arc::clone(&hits);
+    let _sub = bus
+        .subscribe_async("a/x", move |m: Arc<Message<u32>>| {
+            let h = Arc::clone(&h);
+            async move {
+                tokio::task::yield_now().await;
+                h.hit(*m.data());
+            }
+        })
+        .unwrap();
+    for id in 0..M {
+        // One at a time: the runner task is the only task alive.
+        bus.publish("a/x", id).unwrap();
+        assert!(wait_until(Duration::from_secs(10), || bus
+            .inflight_messages()
+            == 0));
+    }
+    bus.close().await.unwrap();
+    let stats = bus.stats();
+    assert_eq!(
+        (stats.delivered, stats.dropped),
+        (u64::from(M), 0),
+        "each message was published alone, needing one task within a cap of one"
+    );
+    hits.assert_exactly_once("async handler");
+}
