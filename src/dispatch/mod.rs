@@ -1,7 +1,8 @@
 //! Dispatch: how a matched publish becomes work.
 //!
-//! - `mod.rs` — the threshold and batching policy ([`Plan`]), the
-//!   per-publish job ([`Fanout`]) and the runner loop, shared by every mode.
+//! - `mod.rs` — the threshold and batching policy ([`Plan`]) and the
+//!   dispatcher, shared by every mode.
+//! - `fanout.rs` — the per-publish job and the claiming loop runners run.
 //! - `tasks.rs` — `TaskPerSubscriber`: runners are tokio tasks, at most
 //!   `max_inflight_tasks` alive.
 //! - `pool.rs` — `WorkerPool`: runners are jobs on a bounded crossbeam queue
@@ -23,7 +24,9 @@
 //! runner claims the next unit from the job's shared cursor with one atomic
 //! add, runs it, and claims again until none are left, so units are never
 //! tied to a runner: a slow handler holds up only the runner it is on, and
-//! any free runner takes the next unit. How many runners a job gets:
+//! any free runner takes the next unit (below the threshold, cheap handlers
+//! are claimed a few at a time while no worker is free; see `fanout.rs`).
+//! How many runners a job gets:
 //! - `Batch::Single` below the threshold: one per unit, each claiming exactly
 //!   one — BlazeSub's job per subscriber, and its cost (the cliff the `cliff`
 //!   bench reproduces);
@@ -41,26 +44,21 @@
 //! the overflow policy). Runners add up what they did in a [`Tally`] and
 //! publish it to the shared counters once per job, not once per delivery.
 
+mod fanout;
 mod inline;
 mod pending;
 mod pool;
 mod tasks;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use smallvec::SmallVec;
 use tokio::runtime::Handle;
 
 use crate::config::{Batch, Config, DeliveryMode, Overflow, MIN_CHUNK};
 use crate::error::Error;
-use crate::message::Message;
-use crate::route::Route;
 use crate::stats::{Counters, Tally};
-use crate::subscriber::{BoxFuture, Sink};
-use crate::subset::SubSet;
-use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
+pub(crate) use fanout::{Fanout, Runner};
 pub(crate) use tasks::TaskGauge;
 
 /// How one publish is cut into units and handed to runners.
@@ -149,252 +147,11 @@ pub(crate) struct Env {
     pub(crate) overflow: Overflow,
 }
 
-/// Lengths of the route's handler sets, read once at publish.
-type Lens = SmallVec<[usize; 4]>;
-
-/// One publish's handler deliveries, shared by the runners working on it.
-pub(crate) struct Fanout<T> {
-    message: Arc<Message<T>>,
-    route: Arc<Route<T>>,
-    lens: Lens,
-    total: usize,
-    plan: Plan,
-    next: AtomicUsize,
-    runners: AtomicUsize,
-    helper_queued: AtomicBool,
-}
-
-/// Deliveries of one unit that did not end as "delivered" where they ran.
-#[derive(Default)]
-struct Missed {
-    /// Skipped, panicked or handed over.
-    not_delivered: usize,
-    /// Async deliveries the runner took over, still unfinished.
-    handed_over: usize,
-}
-
-/// A runner's view of its mode: how to enlist help and what to do with an
-/// async delivery that did not finish on its first poll.
-pub(crate) trait Runner<T> {
-    /// Whether a helper would find an idle worker (or task slot) now. Asked
-    /// before every claim that could use help, so it must be a cheap read.
-    fn has_idle_capacity(&self) -> bool;
-    /// Starts one more runner on `job` if that can be done without waiting.
-    fn offer_helper(&mut self, job: &Fanout<T>) -> bool;
-    /// Takes over an async delivery still running after its first poll. It
-    /// must eventually finish it and account for it.
-    fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally);
-}
-
-impl<T: Send + Sync + 'static> Fanout<T> {
-    /// The job for `message`, or `None` if it reaches no handler.
-    pub(crate) fn new(
-        message: Arc<Message<T>>,
-        route: Arc<Route<T>>,
-        policy: &Policy,
-    ) -> Option<Self> {
-        let lens: Lens = route.handlers.iter().map(|set| set.len()).collect();
-        let total = lens.iter().sum();
-        if total == 0 {
-            return None;
-        }
-        Some(Self {
-            message,
-            route,
-            lens,
-            total,
-            plan: policy.plan(total),
-            next: AtomicUsize::new(0),
-            runners: AtomicUsize::new(0),
-            helper_queued: AtomicBool::new(false),
-        })
-    }
-
-    /// Deliveries in this job (entries of subscriptions removed since may be
-    /// among them; they are skipped).
-    pub(crate) fn total(&self) -> usize {
-        self.total
-    }
-
-    pub(crate) fn plan(&self) -> Plan {
-        self.plan
-    }
-
-    pub(crate) fn topic(&self) -> &str {
-        self.message.topic()
-    }
-
-    /// Claims units and runs them until none are left (or, under a
-    /// single-claim plan, after one).
-    pub(crate) fn run(&self, env: &Env, runner: &mut impl Runner<T>, tally: &mut Tally) {
-        self.runners.fetch_add(1, Ordering::Relaxed);
-        // This runner may be the helper that was queued: make room for another.
-        self.helper_queued.store(false, Ordering::Relaxed);
-        loop {
-            let start = self.next.fetch_add(self.plan.unit, Ordering::Relaxed);
-            if start >= self.total {
-                break;
-            }
-            let end = (start + self.plan.unit).min(self.total);
-            if end < self.total && self.plan.runners < self.plan.max_runners {
-                self.enlist_helper(runner);
-            }
-            self.deliver(start, end, env, runner, tally);
-            if self.plan.single_claim {
-                break;
-            }
-        }
-        self.runners.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    fn enlist_helper(&self, runner: &mut impl Runner<T>) {
-        if self.runners.load(Ordering::Relaxed) >= self.plan.max_runners
-            || self.helper_queued.load(Ordering::Relaxed)
-            || !runner.has_idle_capacity()
-            || self.helper_queued.swap(true, Ordering::Relaxed)
-        {
-            return;
-        }
-        if !runner.offer_helper(self) {
-            self.helper_queued.store(false, Ordering::Relaxed);
-        }
-    }
-
-    /// Claims units without running them, counting their deliveries as
-    /// dropped: one unit under a single-claim plan, else all that are left.
-    /// Returns the deliveries dropped.
-    pub(crate) fn drop_units(&self, tally: &mut Tally) -> usize {
-        let before = tally.dropped;
-        loop {
-            let start = self.next.fetch_add(self.plan.unit, Ordering::Relaxed);
-            if start >= self.total {
-                break;
-            }
-            let end = (start + self.plan.unit).min(self.total);
-            self.for_each_entry(start, end, |entry| {
-                if entry.is_active() {
-                    tally.dropped += 1;
-                }
-                tally.finished += 1;
-            });
-            if self.plan.single_claim {
-                break;
-            }
-        }
-        (tally.dropped - before) as usize
-    }
-
-    /// Runs deliveries `start..end`, catching panics one delivery at a time
-    /// without paying for a catch per delivery.
-    ///
-    /// The hot loop counts only the exceptions (skipped, handed over,
-    /// panicked); the tally is worked out from them once per unit.
-    fn deliver(
-        &self,
-        start: usize,
-        end: usize,
-        env: &Env,
-        runner: &mut impl Runner<T>,
-        tally: &mut Tally,
-    ) {
-        let mut next = start;
-        let mut missed = Missed::default();
-        while next < end {
-            let result = catch_unwind(AssertUnwindSafe(|| {
-                self.deliver_from(&mut next, end, env, runner, &mut missed, tally);
-            }));
-            if let Err(panic) = result {
-                // `next` is still the index of the delivery that panicked.
-                tally.panics += 1;
-                missed.not_delivered += 1;
-                let subscription = self.entry(next).map(|entry| entry.id());
-                report_panic(self.topic(), subscription, panic.as_ref());
-                next += 1;
-            }
-        }
-        let count = end - start;
-        tally.finished += (count - missed.handed_over) as u64;
-        tally.delivered += (count - missed.not_delivered) as u64;
-    }
-
-    #[inline]
-    fn deliver_from(
-        &self,
-        next: &mut usize,
-        end: usize,
-        env: &Env,
-        runner: &mut impl Runner<T>,
-        missed: &mut Missed,
-        tally: &mut Tally,
-    ) {
-        for (set, slots) in self.segments(*next, end) {
-            for slot in set.slots(slots) {
-                match slot.get() {
-                    Some(entry) if entry.is_active() => {
-                        if let Some(started) = entry.sink.deliver(&self.message) {
-                            if let Some(future) = pending::first_poll(started, env.handle.as_ref())
-                            {
-                                // Not finished: the runner takes it over, with
-                                // its accounting.
-                                missed.handed_over += 1;
-                                missed.not_delivered += 1;
-                                *next += 1;
-                                runner.pending(future, tally);
-                                continue;
-                            }
-                        }
-                    }
-                    // Unsubscribed since the publish (or never published).
-                    _ => missed.not_delivered += 1,
-                }
-                *next += 1;
-            }
-        }
-    }
-
-    /// The handler sets and slot ranges holding deliveries `start..end`.
-    fn segments(
-        &self,
-        start: usize,
-        end: usize,
-    ) -> impl Iterator<Item = (&SubSet<dyn Sink<T>>, std::ops::Range<usize>)> {
-        let mut skip = start;
-        let mut left = end.saturating_sub(start);
-        self.route
-            .handlers
-            .iter()
-            .zip(self.lens.iter())
-            .filter_map(move |(set, &len)| {
-                if skip >= len {
-                    skip -= len;
-                    return None;
-                }
-                let from = std::mem::take(&mut skip);
-                let to = len.min(from + left);
-                left -= to - from;
-                (to > from).then(|| (&**set, from..to))
-            })
-    }
-
-    /// Calls `f` on each entry of deliveries `start..end`.
-    fn for_each_entry(
-        &self,
-        start: usize,
-        end: usize,
-        mut f: impl FnMut(&crate::subscriber::HandlerEntry<T>),
-    ) {
-        for (set, slots) in self.segments(start, end) {
-            slots.filter_map(|offset| set.get(offset)).for_each(&mut f);
-        }
-    }
-
-    fn entry(&self, index: usize) -> Option<&crate::subscriber::HandlerEntry<T>> {
-        let (set, mut slots) = self.segments(index, index + 1).next()?;
-        set.get(slots.next()?)
-    }
-}
-
-fn report_panic(topic: &str, subscription: Option<u64>, panic: &(dyn std::any::Any + Send)) {
+pub(super) fn report_panic(
+    topic: &str,
+    subscription: Option<u64>,
+    panic: &(dyn std::any::Any + Send),
+) {
     let what = panic
         .downcast_ref::<&str>()
         .copied()

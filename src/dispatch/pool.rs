@@ -133,9 +133,16 @@ fn work<T: Send + Sync + 'static>(
     env: &Arc<Env>,
 ) {
     loop {
-        idle.fetch_add(1, Ordering::Relaxed);
-        let ticket = tickets.recv();
-        idle.fetch_sub(1, Ordering::Relaxed);
+        // Idle means "found the queue empty", not "between two tickets".
+        let ticket = match tickets.try_recv() {
+            Ok(ticket) => Ok(ticket),
+            Err(_) => {
+                idle.fetch_add(1, Ordering::Relaxed);
+                let ticket = tickets.recv();
+                idle.fetch_sub(1, Ordering::Relaxed);
+                ticket
+            }
+        };
         let Ok(Ticket::Run(job)) = ticket else { return };
         let mut runner = PoolRunner {
             queue,

@@ -1,0 +1,340 @@
+//! [`Fanout`]: one publish's handler deliveries, and the loop runners run.
+//!
+//! # Contract
+//! - Deliveries are numbered `0..total` across the route's handler sets, in
+//!   the lengths read at publish time. Runners **claim** ranges of them from
+//!   one shared cursor with an atomic add, so each delivery is claimed by
+//!   exactly one runner, whichever runners there are and whenever they come.
+//! - A claim is `unit` deliveries (a chunk above the threshold, one
+//!   subscription below it; see `mod.rs`). Below the threshold under
+//!   `Batch::Chunked` a runner may claim a *grain* of several units at once,
+//!   to spare cheap handlers an atomic add each: the grain doubles, up to
+//!   [`MAX_GRAIN`], only while the units it ran averaged under
+//!   [`FAST_UNIT`] each *and* no worker is idle, and it drops back to one
+//!   unit otherwise. So handlers that take real time are always claimed one
+//!   by one (a free worker takes the next subscription while another runs),
+//!   and a handler that turns slow without warning can hold up at most
+//!   `MAX_GRAIN - 1` subscriptions claimed with it, only at a moment when no
+//!   worker was free to take them anyway.
+//! - A panicking delivery is caught, counted, and the loop resumes with the
+//!   next delivery; the catch is set up once per runner, not per delivery.
+//! - Each delivery checks its subscription's flag immediately before running,
+//!   so a subscription removed since the publish is skipped.
+
+use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use super::{pending, report_panic, Env, Plan, Policy};
+use crate::message::Message;
+use crate::route::Route;
+use crate::stats::Tally;
+use crate::subscriber::{BoxFuture, HandlerEntry, Sink};
+use crate::subset::SubSet;
+use crate::sync::{AtomicBool, AtomicUsize, Ordering};
+
+/// The most units a runner claims at once below the threshold.
+pub(crate) const MAX_GRAIN: usize = 64;
+
+/// A unit that takes less than this counts as cheap enough to claim in grains.
+pub(crate) const FAST_UNIT: Duration = Duration::from_micros(1);
+
+/// Lengths of the route's handler sets, read once at publish.
+type Lens = SmallVec<[usize; 4]>;
+
+/// One publish's handler deliveries, shared by the runners working on it.
+pub(crate) struct Fanout<T> {
+    message: Arc<Message<T>>,
+    route: Arc<Route<T>>,
+    lens: Lens,
+    total: usize,
+    plan: Plan,
+    next: AtomicUsize,
+    runners: AtomicUsize,
+    helper_queued: AtomicBool,
+}
+
+/// A runner's view of its mode: how to enlist help and what to do with an
+/// async delivery that did not finish on its first poll.
+pub(crate) trait Runner<T> {
+    /// Whether a helper would find an idle worker (or task slot) now. Asked
+    /// at every claim, so it must be a cheap read.
+    fn has_idle_capacity(&self) -> bool;
+    /// Starts one more runner on `job` if that can be done without waiting.
+    fn offer_helper(&mut self, job: &Fanout<T>) -> bool;
+    /// Takes over an async delivery still running after its first poll. It
+    /// must eventually finish it and account for it.
+    fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally);
+}
+
+/// One runner's position in a job.
+struct Progress {
+    /// The next delivery this runner will run.
+    current: usize,
+    /// The end of its current claim.
+    claim_end: usize,
+    /// Deliveries it claimed in all.
+    claimed: usize,
+    /// Of those: skipped, panicked or handed over.
+    not_delivered: usize,
+    /// Of those: async deliveries handed over to the runner, unfinished.
+    handed_over: usize,
+    /// Units in its next claim (below the threshold).
+    grain: usize,
+    /// When its last claim was made, and how many units it held.
+    last_claim: Option<(Instant, usize)>,
+}
+
+impl<T: Send + Sync + 'static> Fanout<T> {
+    /// The job for `message`, or `None` if it reaches no handler.
+    pub(crate) fn new(
+        message: Arc<Message<T>>,
+        route: Arc<Route<T>>,
+        policy: &Policy,
+    ) -> Option<Self> {
+        let lens: Lens = route.handlers.iter().map(|set| set.len()).collect();
+        let total = lens.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        Some(Self {
+            message,
+            route,
+            lens,
+            total,
+            plan: policy.plan(total),
+            next: AtomicUsize::new(0),
+            runners: AtomicUsize::new(0),
+            helper_queued: AtomicBool::new(false),
+        })
+    }
+
+    /// Deliveries in this job (entries of subscriptions removed since may be
+    /// among them; they are skipped).
+    pub(crate) fn total(&self) -> usize {
+        self.total
+    }
+
+    pub(crate) fn plan(&self) -> Plan {
+        self.plan
+    }
+
+    fn topic(&self) -> &str {
+        self.message.topic()
+    }
+
+    /// Claims and runs deliveries until none are left (or, under a
+    /// single-claim plan, after one claim), then adds what it did to `tally`.
+    pub(crate) fn run(&self, env: &Env, runner: &mut impl Runner<T>, tally: &mut Tally) {
+        self.runners.fetch_add(1, Ordering::Relaxed);
+        // This runner may be the helper that was queued: make room for another.
+        self.helper_queued.store(false, Ordering::Relaxed);
+        let mut progress = Progress {
+            current: 0,
+            claim_end: 0,
+            claimed: 0,
+            not_delivered: 0,
+            handed_over: 0,
+            grain: 1,
+            last_claim: None,
+        };
+        loop {
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                self.work(env, runner, &mut progress, tally);
+            }));
+            match result {
+                Ok(()) => break,
+                Err(panic) => {
+                    // `current` is still the delivery that panicked.
+                    tally.panics += 1;
+                    progress.not_delivered += 1;
+                    let subscription = self.entry(progress.current).map(|entry| entry.id());
+                    report_panic(self.topic(), subscription, panic.as_ref());
+                    progress.current += 1;
+                }
+            }
+        }
+        tally.finished += (progress.claimed - progress.handed_over) as u64;
+        tally.delivered += (progress.claimed - progress.not_delivered) as u64;
+        self.runners.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The hot loop: run the current claim, claim again, until done. It
+    /// counts only the exceptions; `run` works out the tally from them.
+    #[inline]
+    fn work(&self, env: &Env, runner: &mut impl Runner<T>, p: &mut Progress, tally: &mut Tally) {
+        let mut sets = SetWalker::new(&self.lens);
+        loop {
+            if p.current >= p.claim_end && !self.claim(runner, p) {
+                return;
+            }
+            let (set_index, offset, set_end) = sets.locate(p.current);
+            let stop = p.claim_end.min(set_end);
+            let set = &self.route.handlers[set_index];
+            for slot in set.slots(offset..offset + (stop - p.current)) {
+                match slot.get() {
+                    Some(entry) if entry.is_active() => {
+                        if let Some(started) = entry.sink.deliver(&self.message) {
+                            if let Some(future) = pending::first_poll(started, env.handle.as_ref())
+                            {
+                                // Not finished: the runner takes it over, with
+                                // its accounting.
+                                p.handed_over += 1;
+                                p.not_delivered += 1;
+                                p.current += 1;
+                                runner.pending(future, tally);
+                                continue;
+                            }
+                        }
+                    }
+                    // Unsubscribed since the publish (or never published).
+                    _ => p.not_delivered += 1,
+                }
+                p.current += 1;
+            }
+        }
+    }
+
+    /// Claims the next range for this runner. False when nothing is left.
+    fn claim(&self, runner: &mut impl Runner<T>, p: &mut Progress) -> bool {
+        if self.plan.single_claim && p.claimed > 0 {
+            return false;
+        }
+        let units = if self.plan.unit == 1 && !self.plan.single_claim {
+            self.grain(runner, p)
+        } else {
+            1
+        };
+        let size = units * self.plan.unit;
+        let start = self.next.fetch_add(size, Ordering::Relaxed);
+        if start >= self.total {
+            return false;
+        }
+        let end = (start + size).min(self.total);
+        p.claimed += end - start;
+        p.current = start;
+        p.claim_end = end;
+        if end < self.total && self.plan.runners < self.plan.max_runners {
+            self.enlist_helper(runner);
+        }
+        true
+    }
+
+    /// The grain of the next claim below the threshold; see the module docs.
+    fn grain(&self, runner: &mut impl Runner<T>, p: &mut Progress) -> usize {
+        let now = Instant::now();
+        let cheap = p.last_claim.is_some_and(|(since, units)| {
+            now.saturating_duration_since(since) <= FAST_UNIT.saturating_mul(units as u32)
+        });
+        p.grain = if cheap && !runner.has_idle_capacity() {
+            (p.grain * 2).min(MAX_GRAIN)
+        } else {
+            1
+        };
+        p.last_claim = Some((now, p.grain));
+        p.grain
+    }
+
+    fn enlist_helper(&self, runner: &mut impl Runner<T>) {
+        if self.runners.load(Ordering::Relaxed) >= self.plan.max_runners
+            || self.helper_queued.load(Ordering::Relaxed)
+            || !runner.has_idle_capacity()
+            || self.helper_queued.swap(true, Ordering::Relaxed)
+        {
+            return;
+        }
+        if !runner.offer_helper(self) {
+            self.helper_queued.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Claims units without running them, counting their deliveries as
+    /// dropped: one unit under a single-claim plan, else all that are left.
+    /// Returns the deliveries dropped.
+    pub(crate) fn drop_units(&self, tally: &mut Tally) -> usize {
+        let before = tally.dropped;
+        loop {
+            let start = self.next.fetch_add(self.plan.unit, Ordering::Relaxed);
+            if start >= self.total {
+                break;
+            }
+            let end = (start + self.plan.unit).min(self.total);
+            for (set, slots) in self.segments(start..end) {
+                for entry in slots.filter_map(|offset| set.get(offset)) {
+                    if entry.is_active() {
+                        tally.dropped += 1;
+                    }
+                }
+            }
+            tally.finished += (end - start) as u64;
+            if self.plan.single_claim {
+                break;
+            }
+        }
+        (tally.dropped - before) as usize
+    }
+
+    /// The handler sets and slot ranges holding `deliveries`.
+    fn segments(
+        &self,
+        deliveries: Range<usize>,
+    ) -> impl Iterator<Item = (&SubSet<dyn Sink<T>>, Range<usize>)> {
+        let mut skip = deliveries.start;
+        let mut left = deliveries.len();
+        self.route
+            .handlers
+            .iter()
+            .zip(self.lens.iter())
+            .filter_map(move |(set, &len)| {
+                if skip >= len {
+                    skip -= len;
+                    return None;
+                }
+                let from = std::mem::take(&mut skip);
+                let to = len.min(from + left);
+                left -= to - from;
+                (to > from).then(|| (&**set, from..to))
+            })
+    }
+
+    fn entry(&self, index: usize) -> Option<&HandlerEntry<T>> {
+        let (set, mut slots) = self.segments(index..index + 1).next()?;
+        set.get(slots.next()?)
+    }
+}
+
+/// Finds which handler set holds a delivery, moving forward only (a runner's
+/// claims only ever move forward).
+struct SetWalker<'a> {
+    lens: &'a [usize],
+    index: usize,
+    base: usize,
+}
+
+impl<'a> SetWalker<'a> {
+    fn new(lens: &'a [usize]) -> Self {
+        Self {
+            lens,
+            index: 0,
+            base: 0,
+        }
+    }
+
+    /// The set holding `delivery`, its offset there, and the delivery number
+    /// where that set ends.
+    #[inline]
+    fn locate(&mut self, delivery: usize) -> (usize, usize, usize) {
+        while delivery >= self.base + self.lens[self.index] {
+            self.base += self.lens[self.index];
+            self.index += 1;
+        }
+        (
+            self.index,
+            delivery - self.base,
+            self.base + self.lens[self.index],
+        )
+    }
+}
