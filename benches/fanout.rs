@@ -1,14 +1,15 @@
 //! Fan-out, end to end: one topic, 1,000 subscribers whose handler adds one to
 //! a shared `AtomicU64` (BlazeSub's own throughput bench), 12-byte payloads.
 //!
-//! Each sample publishes a burst (criterion picks its length) and stops the
-//! clock only when every handler has run for every message. In the same run, a
-//! raw loop calling the same 1,000 closures gives the lower bound.
+//! Each iteration publishes a burst of 100 messages and stops the clock only
+//! when every handler has run for every message; the figure is per publish.
+//! In the same run, a raw loop calling the same 1,000 closures gives the lower
+//! bound.
 //!
-//! Before the criterion groups, the bench prints allocations and bytes per
-//! publish for 10, 1,000 and 100,000 subscribers in every mode, measured with
-//! a counting global allocator, and writes them to
-//! `target/bench-reports/fanout-allocations.md`.
+//! Before the criterion groups, the bench measures allocations and bytes per
+//! publish for 10, 1,000 and 100,000 subscribers in every mode with a counting
+//! global allocator. After them it writes `docs/fanout.md` (tables and chart,
+//! see `common/report.rs`).
 //!
 //! `cargo bench --bench fanout`
 
@@ -22,9 +23,10 @@ use std::time::Instant;
 use blazesub::{Batch, DeliveryMode};
 use criterion::{criterion_group, Criterion};
 
+use common::report::{criterion_results, format_ns, Chart, Report, Series, Table};
 use common::{
-    alloc_snapshot, bench_mode, counting_subscribers, runtime, wait_for, CountingAllocator,
-    Payload, Setup,
+    alloc_snapshot, bench_mode, counting_subscribers, runtime, time_bursts, wait_for,
+    CountingAllocator, Payload, Setup, BURST,
 };
 
 #[global_allocator]
@@ -35,21 +37,24 @@ const SUBSCRIBERS: usize = 1_000;
 const PAYLOAD: Payload = *b"twelve bytes";
 
 /// Every mode at its default settings, plus the variants worth comparing.
-const SETUPS: [Setup; 5] = [
+const SETUPS: [Setup; 6] = [
     Setup::defaults("worker_pool", DeliveryMode::WorkerPool),
     Setup::defaults("task_per_subscriber", DeliveryMode::TaskPerSubscriber),
     Setup::defaults("inline", DeliveryMode::Inline),
     Setup {
         name: "worker_pool_batch_single",
-        mode: DeliveryMode::WorkerPool,
         batch: Batch::Single,
-        threshold: 10,
+        ..Setup::defaults("", DeliveryMode::WorkerPool)
     },
     Setup {
         name: "task_per_subscriber_batch_single",
-        mode: DeliveryMode::TaskPerSubscriber,
         batch: Batch::Single,
-        threshold: 10,
+        ..Setup::defaults("", DeliveryMode::TaskPerSubscriber)
+    },
+    Setup {
+        name: "worker_pool_1_worker",
+        workers: Some(1),
+        ..Setup::defaults("", DeliveryMode::WorkerPool)
     },
 ];
 
@@ -70,13 +75,13 @@ fn fanout(c: &mut Criterion) {
     group.bench_function("raw_loop", |b| {
         b.iter_custom(|iters| {
             let start = Instant::now();
-            for _ in 0..iters {
+            for _ in 0..iters * BURST {
                 let payload = black_box(PAYLOAD);
                 for closure in &closures {
                     closure(&payload);
                 }
             }
-            start.elapsed()
+            start.elapsed() / BURST as u32
         })
     });
 
@@ -85,26 +90,26 @@ fn fanout(c: &mut Criterion) {
         let (counter, _subscriptions) = counting_subscribers(&bus, TOPIC, SUBSCRIBERS);
         group.bench_function(setup.name, |b| {
             b.iter_custom(|iters| {
-                let base = counter.load(Ordering::Acquire);
-                let start = Instant::now();
-                for _ in 0..iters {
-                    bus.publish(TOPIC, black_box(PAYLOAD)).expect("publish");
-                }
-                wait_for(&counter, base + iters * SUBSCRIBERS as u64);
-                start.elapsed()
+                time_bursts(&bus, TOPIC, &PAYLOAD, &counter, SUBSCRIBERS as u64, iters)
             })
         });
     }
     group.finish();
 }
 
-/// Allocations per publish, end to end, for each mode and subscriber count.
-fn allocations_per_publish() {
+/// Allocations and bytes per publish, end to end, for one mode and
+/// subscriber count.
+struct AllocRow {
+    setup: &'static str,
+    subscribers: usize,
+    allocations: f64,
+    bytes: f64,
+}
+
+fn allocations_per_publish() -> Vec<AllocRow> {
     let rt = runtime();
     let publishes: u64 = if bench_mode() { 2_000 } else { 50 };
-    let mut table = String::from(
-        "| mode | subscribers | allocations / publish | bytes / publish |\n|---|---:|---:|---:|\n",
-    );
+    let mut rows = Vec::new();
     for setup in &SETUPS[..3] {
         for subscribers in [10usize, 1_000, 100_000] {
             let bus = setup.build::<Payload>(&rt);
@@ -119,24 +124,96 @@ fn allocations_per_publish() {
                 bus.publish(TOPIC, PAYLOAD).expect("publish");
             }
             wait_for(&counter, (10 + publishes) * subscribers as u64);
-            let (allocs, bytes) = alloc_snapshot().per_op_since(before, publishes);
-            table.push_str(&format!(
-                "| {} | {subscribers} | {allocs:.2} | {bytes:.0} |\n",
+            let (allocations, bytes) = alloc_snapshot().per_op_since(before, publishes);
+            println!(
+                "{:>20} {subscribers:>7} subscribers: {allocations:.2} allocations, {bytes:.0} bytes per publish",
                 setup.name
-            ));
+            );
+            rows.push(AllocRow {
+                setup: setup.name,
+                subscribers,
+                allocations,
+                bytes,
+            });
         }
     }
-    println!("\nAllocations per publish, end to end ({publishes} publishes):\n{table}");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-reports");
-    if std::fs::create_dir_all(&dir).is_ok() {
-        let _ = std::fs::write(dir.join("fanout-allocations.md"), table);
+    rows
+}
+
+fn write_report(allocations: &[AllocRow]) {
+    let results = criterion_results("fanout_1000");
+    let Some(raw) = results.get("raw_loop") else {
+        eprintln!("no criterion results for fanout_1000/raw_loop; report not written");
+        return;
+    };
+    let mut report = Report::new(
+        "fanout",
+        "Fan-out to 1,000 subscribers, end to end",
+        &["blazesub", "tokio", "crossbeam-channel", "criterion"],
+    );
+    let mut times = Table::new(
+        "Time per publish until all 1,000 handlers ran",
+        &["setup", "time", "95% interval", "× raw loop"],
+    );
+    times.note = "Handlers add one to a shared `AtomicU64`; 12-byte payloads; bursts of \
+                  100 publishes, each burst timed until every handler ran. `raw_loop` \
+                  calls the same 1,000 closures in a plain loop."
+        .into();
+    for id in std::iter::once("raw_loop").chain(SETUPS.iter().map(|s| s.name)) {
+        if let Some(e) = results.get(id) {
+            times.row(vec![
+                format!("`{id}`"),
+                format_ns(e.mean_ns),
+                format!("{} – {}", format_ns(e.low_ns), format_ns(e.high_ns)),
+                format!("{:.2}×", e.mean_ns / raw.mean_ns),
+            ]);
+        }
+    }
+    let mut allocs = Table::new(
+        "Allocations per publish, end to end",
+        &["mode", "subscribers", "allocations / publish", "bytes / publish"],
+    );
+    allocs.note = "Counted by a global allocator over 2,000 publishes after a warm-up, \
+                   on every thread, until every handler ran."
+        .into();
+    let mut chart = Chart {
+        file: "fanout-allocations".into(),
+        title: "Allocations per publish vs subscribers".into(),
+        x_label: "subscribers".into(),
+        y_label: "allocations per publish".into(),
+        log_x: true,
+        ..Chart::default()
+    };
+    for row in allocations {
+        allocs.row(vec![
+            format!("`{}`", row.setup),
+            row.subscribers.to_string(),
+            format!("{:.2}", row.allocations),
+            format!("{:.0}", row.bytes),
+        ]);
+        match chart.series.iter_mut().find(|s| s.name == row.setup) {
+            Some(series) => series.points.push((row.subscribers as f64, row.allocations)),
+            None => chart.series.push(Series {
+                name: row.setup.into(),
+                points: vec![(row.subscribers as f64, row.allocations)],
+            }),
+        }
+    }
+    report.tables = vec![times, allocs];
+    report.charts = vec![chart];
+    match report.save() {
+        Ok(()) => println!("wrote docs/fanout.md"),
+        Err(err) => eprintln!("could not write the report: {err}"),
     }
 }
 
 criterion_group!(benches, fanout);
 
 fn main() {
-    allocations_per_publish();
+    let allocations = allocations_per_publish();
     benches();
     Criterion::default().configure_from_args().final_summary();
+    if bench_mode() {
+        write_report(&allocations);
+    }
 }

@@ -7,6 +7,8 @@
 
 #![allow(dead_code)] // each bench target uses a different part of this module
 
+pub mod report;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -92,6 +94,37 @@ pub fn wait_for(counter: &AtomicU64, target: u64) {
     }
 }
 
+/// Publishes per burst in end-to-end measurements: enough to keep every
+/// worker busy, few enough that a default queue (4,096) never fills, so the
+/// figure is the bus's throughput rather than the publisher's own share of
+/// the work under `Overflow::CallerRuns`.
+pub const BURST: u64 = 100;
+
+/// Criterion `iter_custom` body for end-to-end fan-out: `iters` bursts of
+/// [`BURST`] publishes, each burst waited for until `counter` has grown by
+/// `deliveries_per_publish` for each publish. Returns the time *per publish*
+/// (total / `BURST`), so criterion's per-iteration figure is per publish.
+pub fn time_bursts<T: Clone + Send + Sync + 'static>(
+    bus: &Bus<T>,
+    topic: &str,
+    value: &T,
+    counter: &AtomicU64,
+    deliveries_per_publish: u64,
+    iters: u64,
+) -> Duration {
+    let mut target = counter.load(Ordering::Acquire);
+    let start = Instant::now();
+    for _ in 0..iters {
+        for _ in 0..BURST {
+            bus.publish(topic, std::hint::black_box(value.clone()))
+                .expect("publish");
+        }
+        target += BURST * deliveries_per_publish;
+        wait_for(counter, target);
+    }
+    start.elapsed() / BURST as u32
+}
+
 /// A 12-byte payload, as in BlazeSub's throughput bench.
 pub type Payload = [u8; 12];
 
@@ -111,6 +144,8 @@ pub struct Setup {
     pub mode: DeliveryMode,
     pub batch: Batch,
     pub threshold: usize,
+    /// `None`: the default (available parallelism).
+    pub workers: Option<usize>,
 }
 
 impl Setup {
@@ -120,17 +155,20 @@ impl Setup {
             mode,
             batch: Batch::Chunked,
             threshold: 10,
+            workers: None,
         }
     }
 
     pub fn build<T: Send + Sync + 'static>(&self, runtime: &tokio::runtime::Runtime) -> Bus<T> {
-        Bus::builder()
+        let mut builder = Bus::builder()
             .delivery(self.mode)
             .batch(self.batch)
             .max_concurrent_subscriptions(self.threshold)
-            .runtime(runtime.handle().clone())
-            .build()
-            .expect("bus")
+            .runtime(runtime.handle().clone());
+        if let Some(workers) = self.workers {
+            builder = builder.workers(workers);
+        }
+        builder.build().expect("bus")
     }
 }
 
