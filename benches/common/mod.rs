@@ -8,6 +8,8 @@
 #![allow(dead_code)] // each bench target uses a different part of this module
 
 pub mod report;
+pub mod rss;
+pub mod rumqttd;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,3 @@
+//! Placeholder for the `cliff` analysis (being written).
+
+fn main() {}

@@ -1,0 +1,1 @@
+//! Placeholder: resident-set-size measurement (being written).

@@ -1,0 +1,1 @@
+//! Placeholder: an embedded rumqttd broker with local links (being written).

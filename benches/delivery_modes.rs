@@ -1,0 +1,3 @@
+//! Placeholder for the `delivery_modes` analysis (being written).
+
+fn main() {}

@@ -1,0 +1,3 @@
+//! Placeholder for the `fanout_1m` analysis (being written).
+
+fn main() {}

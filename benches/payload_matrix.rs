@@ -1,0 +1,3 @@
+//! Placeholder for the `payload_matrix` analysis (being written).
+
+fn main() {}

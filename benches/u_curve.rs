@@ -1,0 +1,3 @@
+//! Placeholder for the `u_curve` analysis (being written).
+
+fn main() {}

@@ -1,0 +1,3 @@
+//! Placeholder for the `vs_rumqttd` analysis (being written).
+
+fn main() {}
