@@ -303,7 +303,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ) -> Result<usize, Error> {
         let inner = &*self.inner;
         let counters = &inner.env.counters;
-        let _admitted = counters.begin_publish()?;
+        let mut admitted = counters.begin_publish()?;
         validate_topic(topic)?;
         let route = inner.routes.route(&inner.trie, topic);
         let message = Arc::new(Message::stamped(Arc::clone(&route.topic), data, metadata));
@@ -311,7 +311,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let mut matched = push_to_streams(&route, &message, counters);
         matched += route.handlers.iter().map(|set| set.live()).sum::<usize>();
         if let Some(job) = Fanout::new(message, route, &inner.policy) {
-            counters.accept(job.total());
+            admitted.accept(job.total());
             let dropped = inner.dispatcher.dispatch(job, &inner.env);
             if dropped > 0 && inner.config.overflow == Overflow::Error {
                 return Err(Error::Overloaded {

@@ -76,6 +76,9 @@ mod sync;
 pub mod topic;
 mod trie;
 
+#[cfg(all(test, loom))]
+mod loom_tests;
+
 /// The README's example, compiled and run as a doc test.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

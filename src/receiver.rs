@@ -20,14 +20,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use atomic_waker::AtomicWaker;
-use crossbeam_queue::ArrayQueue;
-
 use crate::message::Message;
 use crate::stats::Counters;
 use crate::subscriber::Subscriber;
 use crate::subscription::Subscription;
-use crate::sync::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::queue::ArrayQueue;
+use crate::sync::{AtomicBool, AtomicU64, Ordering, WakerSlot};
 
 /// What became of one push.
 pub(crate) enum Pushed {
@@ -42,7 +40,7 @@ pub(crate) enum Pushed {
 /// A stream subscription's bounded, drop-oldest queue.
 pub(crate) struct Mailbox<T> {
     queue: ArrayQueue<Arc<Message<T>>>,
-    waker: AtomicWaker,
+    waker: WakerSlot,
     lost: AtomicU64,
     closed: AtomicBool,
 }
@@ -51,7 +49,7 @@ impl<T> Mailbox<T> {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             queue: ArrayQueue::new(capacity),
-            waker: AtomicWaker::new(),
+            waker: WakerSlot::new(),
             lost: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         }
@@ -73,12 +71,17 @@ impl<T> Mailbox<T> {
         pushed
     }
 
+    /// Messages this mailbox dropped.
+    pub(crate) fn lost(&self) -> u64 {
+        self.lost.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.waker.wake();
     }
 
-    fn poll_pop(&self, cx: &mut Context<'_>) -> Poll<Option<Arc<Message<T>>>> {
+    pub(crate) fn poll_pop(&self, cx: &mut Context<'_>) -> Poll<Option<Arc<Message<T>>>> {
         if let Some(message) = self.queue.pop() {
             return Poll::Ready(Some(message));
         }
@@ -188,7 +191,7 @@ impl<T> Receiver<T> {
     /// Messages this subscription lost because its mailbox was full (the
     /// oldest made room for the newest), or arrived after it was closed.
     pub fn lost(&self) -> u64 {
-        self.entry.sink.lost.load(Ordering::Relaxed)
+        self.entry.sink.lost()
     }
 
     /// Messages waiting in the mailbox.

@@ -7,18 +7,27 @@
 //! streams read, `delivered + dropped + handler_panics` accounts for every
 //! delivery to a subscription that lived through its publish.
 //!
-//! The counters also carry the close barrier: `close` sets `closed`, then
-//! waits until no publish is between its closed-check and its hand-off
-//! (`publishing == 0`) and no accepted delivery is unfinished (`inflight == 0`).
+//! The counters also carry the close barrier, in one atomic word (`work`):
+//! a `CLOSED` bit and a count of outstanding work — accepted deliveries not
+//! yet finished, plus one token per publish between its admission and its
+//! hand-off. A publish is admitted by adding its token and reading the bit
+//! in the same atomic add; `close` sets the bit with one atomic or and then
+//! waits for the count to reach zero. Because both facts live in one word,
+//! every operation on it is totally ordered: either the publish saw the bit
+//! and backs out, or `close` counts it and waits for it. (Two separate
+//! atomics would need a sequentially consistent fence on each side for the
+//! same guarantee.) Whoever brings the count to zero after the bit is set
+//! sees exactly that transition in its atomic's result and wakes the waiter.
+//!
 //! Workers add their tallies once per unit of work, not per delivery, so the
 //! hot loop touches no shared counter.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 
 use crate::error::Error;
-use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{AtomicU64, Condvar, Mutex, Ordering};
 
 /// A snapshot of a bus's counters, from [`Bus::stats`](crate::Bus::stats).
 ///
@@ -51,6 +60,9 @@ pub struct Stats {
     pub subscriptions: u64,
 }
 
+/// The `work` word's closed bit; the rest is the outstanding count.
+const CLOSED: u64 = 1 << 63;
+
 /// The shared atomics. Hot ones get a cache line each.
 pub(crate) struct Counters {
     published: CachePadded<AtomicU64>,
@@ -58,23 +70,40 @@ pub(crate) struct Counters {
     dropped: AtomicU64,
     handler_panics: AtomicU64,
     caller_runs: AtomicU64,
-    inflight: CachePadded<AtomicU64>,
-    publishing: CachePadded<AtomicU64>,
+    /// `CLOSED` | outstanding deliveries and admitted publishes.
+    work: CachePadded<AtomicU64>,
     subscriptions: AtomicU64,
-    closed: AtomicBool,
     drain_lock: Mutex<()>,
     drained: Condvar,
 }
 
-/// Proof that a publish passed the closed-check; holding it keeps `close`
-/// from declaring the bus drained.
-pub(crate) struct PublishGuard<'a>(&'a Counters);
+/// An admitted publish: its token keeps `close` waiting until the publish has
+/// handed its deliveries over (or, with none to hand over, has finished).
+pub(crate) struct PublishGuard<'a> {
+    counters: &'a Counters,
+    token_held: bool,
+}
+
+impl PublishGuard<'_> {
+    /// Counts `deliveries` as in flight before they are handed to runners;
+    /// the publish's token becomes one of them.
+    pub(crate) fn accept(&mut self, deliveries: usize) {
+        if deliveries == 0 || !self.token_held {
+            return;
+        }
+        if deliveries > 1 {
+            self.counters
+                .work
+                .fetch_add(deliveries as u64 - 1, Ordering::AcqRel);
+        }
+        self.token_held = false;
+    }
+}
 
 impl Drop for PublishGuard<'_> {
     fn drop(&mut self) {
-        let before = self.0.publishing.fetch_sub(1, Ordering::SeqCst);
-        if before == 1 {
-            self.0.notify_if_closing();
+        if self.token_held {
+            self.counters.release(1);
         }
     }
 }
@@ -98,10 +127,8 @@ impl Counters {
             dropped: AtomicU64::new(0),
             handler_panics: AtomicU64::new(0),
             caller_runs: AtomicU64::new(0),
-            inflight: CachePadded::new(AtomicU64::new(0)),
-            publishing: CachePadded::new(AtomicU64::new(0)),
+            work: CachePadded::new(AtomicU64::new(0)),
             subscriptions: AtomicU64::new(0),
-            closed: AtomicBool::new(false),
             drain_lock: Mutex::new(()),
             drained: Condvar::new(),
         }
@@ -109,33 +136,34 @@ impl Counters {
 
     /// Admits a publish unless the bus is closed.
     pub(crate) fn begin_publish(&self) -> Result<PublishGuard<'_>, Error> {
-        // Relaxed pre-check: a closed bus refuses without touching shared lines.
-        if self.closed.load(Ordering::Relaxed) {
+        let before = self.work.fetch_add(1, Ordering::AcqRel);
+        if before & CLOSED != 0 {
+            self.release(1);
             return Err(Error::Closed);
         }
-        self.publishing.fetch_add(1, Ordering::SeqCst);
-        let guard = PublishGuard(self);
-        // SeqCst pairs with `close`: either close sees our increment and waits
-        // for us, or we see its flag and refuse.
-        if self.closed.load(Ordering::SeqCst) {
-            return Err(Error::Closed);
+        Ok(PublishGuard {
+            counters: self,
+            token_held: true,
+        })
+    }
+
+    /// Retires `n` units of outstanding work, waking `close` if they were the
+    /// last after it began.
+    fn release(&self, n: u64) {
+        let before = self.work.fetch_sub(n, Ordering::AcqRel);
+        if before == CLOSED | n {
+            // Taking the lock orders this wake-up after the waiter's check.
+            let _guard = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.drained.notify_all();
         }
-        Ok(guard)
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::SeqCst)
+        self.work.load(Ordering::Acquire) & CLOSED != 0
     }
 
     pub(crate) fn published(&self) {
         self.published.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Deliveries handed to a dispatcher: they count as in flight until a
-    /// [`Tally`] or [`Counters::finish_one`] retires them.
-    pub(crate) fn accept(&self, deliveries: usize) {
-        self.inflight
-            .fetch_add(deliveries as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn add(&self, tally: &Tally) {
@@ -150,10 +178,7 @@ impl Counters {
                 .fetch_add(tally.panics, Ordering::Relaxed);
         }
         if tally.finished > 0 {
-            let before = self.inflight.fetch_sub(tally.finished, Ordering::SeqCst);
-            if before == tally.finished {
-                self.notify_if_closing();
-            }
+            self.release(tally.finished);
         }
     }
 
@@ -183,8 +208,9 @@ impl Counters {
         self.subscriptions.load(Ordering::Relaxed)
     }
 
+    /// Deliveries accepted and not finished (plus publishes being admitted).
     pub(crate) fn inflight(&self) -> u64 {
-        self.inflight.load(Ordering::SeqCst)
+        self.work.load(Ordering::Acquire) & !CLOSED
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
@@ -199,29 +225,17 @@ impl Counters {
         }
     }
 
-    fn drained(&self) -> bool {
-        self.publishing.load(Ordering::SeqCst) == 0 && self.inflight.load(Ordering::SeqCst) == 0
-    }
-
-    fn notify_if_closing(&self) {
-        if self.closed.load(Ordering::SeqCst) {
-            // Taking the lock orders this wake-up after the waiter's check.
-            let _guard = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.drained.notify_all();
-        }
-    }
-
     /// Refuses new publishes from now on, then blocks until everything
     /// accepted has finished or `timeout` passes.
     pub(crate) fn close_and_wait(&self, timeout: Duration) -> Result<(), Error> {
-        self.closed.store(true, Ordering::SeqCst);
-        let started = Instant::now();
+        self.work.fetch_or(CLOSED, Ordering::AcqRel);
+        let started = crate::sync::now();
         let mut guard = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if self.drained() {
+            if self.work.load(Ordering::Acquire) == CLOSED {
                 return Ok(());
             }
-            let waited = started.elapsed();
+            let waited = crate::sync::now().saturating_duration_since(started);
             if waited >= timeout {
                 return Err(Error::CloseTimeout {
                     waited,

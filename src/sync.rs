@@ -16,12 +16,245 @@
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Condvar, Mutex};
+pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
-pub(crate) use loom::sync::{Condvar, Mutex};
+pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
+
+/// The clock the core reads (claim grains, close timeouts). Under loom it
+/// stands still, so that decisions taken on elapsed time are the same in
+/// every execution loom explores (loom requires a deterministic model).
+pub(crate) fn now() -> std::time::Instant {
+    #[cfg(not(loom))]
+    return std::time::Instant::now();
+    #[cfg(loom)]
+    {
+        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        *EPOCH.get_or_init(std::time::Instant::now)
+    }
+}
+
+/// One task's waker: a stream reader registers it, publishers wake it.
+pub(crate) struct WakerSlot(
+    #[cfg(not(loom))] atomic_waker::AtomicWaker,
+    #[cfg(loom)] loom::future::AtomicWaker,
+);
+
+impl WakerSlot {
+    pub(crate) fn new() -> Self {
+        #[cfg(not(loom))]
+        return Self(atomic_waker::AtomicWaker::new());
+        #[cfg(loom)]
+        return Self(loom::future::AtomicWaker::new());
+    }
+
+    pub(crate) fn register(&self, waker: &std::task::Waker) {
+        #[cfg(not(loom))]
+        self.0.register(waker);
+        #[cfg(loom)]
+        self.0.register_by_ref(waker);
+    }
+
+    pub(crate) fn wake(&self) {
+        self.0.wake();
+    }
+}
+
+/// A stream mailbox's bounded queue: `crossbeam-queue`'s lock-free
+/// `ArrayQueue`, or under loom a mutex around a deque with the same calls, so
+/// the mailbox's push, pop and close are explored step by step.
+pub(crate) mod queue {
+    #[cfg(not(loom))]
+    pub(crate) use crossbeam_queue::ArrayQueue;
+
+    #[cfg(loom)]
+    pub(crate) struct ArrayQueue<T> {
+        items: loom::sync::Mutex<std::collections::VecDeque<T>>,
+        capacity: usize,
+    }
+
+    #[cfg(loom)]
+    impl<T> ArrayQueue<T> {
+        pub(crate) fn new(capacity: usize) -> Self {
+            Self {
+                items: loom::sync::Mutex::new(std::collections::VecDeque::new()),
+                capacity,
+            }
+        }
+
+        /// Pushes, dropping and returning the oldest item if full.
+        pub(crate) fn force_push(&self, item: T) -> Option<T> {
+            let mut items = self.items.lock().unwrap();
+            let oldest = if items.len() == self.capacity {
+                items.pop_front()
+            } else {
+                None
+            };
+            items.push_back(item);
+            oldest
+        }
+
+        pub(crate) fn pop(&self) -> Option<T> {
+            self.items.lock().unwrap().pop_front()
+        }
+
+        pub(crate) fn len(&self) -> usize {
+            self.items.lock().unwrap().len()
+        }
+
+        pub(crate) fn is_empty(&self) -> bool {
+            self.len() == 0
+        }
+
+        pub(crate) fn capacity(&self) -> usize {
+            self.capacity
+        }
+    }
+}
+
+/// Threads the bus starts (the pool's workers).
+pub(crate) mod thread {
+    #[cfg(loom)]
+    pub(crate) use loom::thread::Builder;
+    #[cfg(not(loom))]
+    pub(crate) use std::thread::Builder;
+}
+
+/// The worker pool's bounded multi-producer, multi-consumer queue:
+/// `crossbeam-channel`, or under loom a mutex-and-condvar queue offering the
+/// same calls, so the pool's enqueue, overflow and shutdown logic can be
+/// model-checked.
+pub(crate) mod channel {
+    #[cfg(not(loom))]
+    pub(crate) use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+
+    #[cfg(loom)]
+    pub(crate) use self::modelled::{bounded, Receiver, Sender, TrySendError};
+
+    #[cfg(loom)]
+    mod modelled {
+        use std::collections::VecDeque;
+        use std::sync::Arc;
+
+        use loom::sync::{Condvar, Mutex};
+
+        struct State<T> {
+            items: VecDeque<T>,
+            senders: usize,
+            receivers: usize,
+        }
+
+        struct Shared<T> {
+            state: Mutex<State<T>>,
+            changed: Condvar,
+            capacity: usize,
+        }
+
+        pub(crate) struct Sender<T>(Arc<Shared<T>>);
+        pub(crate) struct Receiver<T>(Arc<Shared<T>>);
+
+        pub(crate) enum TrySendError<T> {
+            Full(T),
+            Disconnected(T),
+        }
+
+        pub(crate) fn bounded<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
+            let shared = Arc::new(Shared {
+                state: Mutex::new(State {
+                    items: VecDeque::new(),
+                    senders: 1,
+                    receivers: 1,
+                }),
+                changed: Condvar::new(),
+                capacity,
+            });
+            (Sender(Arc::clone(&shared)), Receiver(shared))
+        }
+
+        impl<T> Sender<T> {
+            pub(crate) fn try_send(&self, item: T) -> Result<(), TrySendError<T>> {
+                let mut state = self.0.state.lock().unwrap();
+                if state.receivers == 0 {
+                    return Err(TrySendError::Disconnected(item));
+                }
+                if state.items.len() >= self.0.capacity {
+                    return Err(TrySendError::Full(item));
+                }
+                state.items.push_back(item);
+                self.0.changed.notify_all();
+                Ok(())
+            }
+
+            pub(crate) fn send(&self, item: T) -> Result<(), T> {
+                let mut state = self.0.state.lock().unwrap();
+                loop {
+                    if state.receivers == 0 {
+                        return Err(item);
+                    }
+                    if state.items.len() < self.0.capacity {
+                        state.items.push_back(item);
+                        self.0.changed.notify_all();
+                        return Ok(());
+                    }
+                    state = self.0.changed.wait(state).unwrap();
+                }
+            }
+        }
+
+        impl<T> Receiver<T> {
+            pub(crate) fn try_recv(&self) -> Result<T, ()> {
+                let mut state = self.0.state.lock().unwrap();
+                let item = state.items.pop_front().ok_or(())?;
+                self.0.changed.notify_all();
+                Ok(item)
+            }
+
+            pub(crate) fn recv(&self) -> Result<T, ()> {
+                let mut state = self.0.state.lock().unwrap();
+                loop {
+                    if let Some(item) = state.items.pop_front() {
+                        self.0.changed.notify_all();
+                        return Ok(item);
+                    }
+                    if state.senders == 0 {
+                        return Err(());
+                    }
+                    state = self.0.changed.wait(state).unwrap();
+                }
+            }
+        }
+
+        impl<T> Clone for Sender<T> {
+            fn clone(&self) -> Self {
+                self.0.state.lock().unwrap().senders += 1;
+                Self(Arc::clone(&self.0))
+            }
+        }
+
+        impl<T> Clone for Receiver<T> {
+            fn clone(&self) -> Self {
+                self.0.state.lock().unwrap().receivers += 1;
+                Self(Arc::clone(&self.0))
+            }
+        }
+
+        impl<T> Drop for Sender<T> {
+            fn drop(&mut self) {
+                self.0.state.lock().unwrap().senders -= 1;
+                self.0.changed.notify_all();
+            }
+        }
+
+        impl<T> Drop for Receiver<T> {
+            fn drop(&mut self) {
+                self.0.state.lock().unwrap().receivers -= 1;
+                self.0.changed.notify_all();
+            }
+        }
+    }
+}
 
 #[cfg(not(loom))]
 mod cell {

@@ -31,7 +31,7 @@ use rustc_hash::FxBuildHasher;
 use crate::receiver::Mailbox;
 use crate::subscriber::{Sink, Subscriber};
 use crate::subset::SubSet;
-use crate::sync::{ArcCell, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{ArcCell, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::topic::is_system_topic;
 
 /// Dead entries a set tolerates before it is rebuilt, whatever its size.
@@ -203,7 +203,7 @@ impl<T: 'static> Trie<T> {
         matched
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Writer> {
+    fn lock(&self) -> MutexGuard<'_, Writer> {
         self.writer.lock().unwrap_or_else(|e| e.into_inner())
     }
 

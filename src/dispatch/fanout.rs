@@ -225,7 +225,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
 
     /// The grain of the next claim below the threshold; see the module docs.
     fn grain(&self, runner: &mut impl Runner<T>, p: &mut Progress) -> usize {
-        let now = Instant::now();
+        let now = crate::sync::now();
         let cheap = p.last_claim.is_some_and(|(since, units)| {
             now.saturating_duration_since(since) <= FAST_UNIT.saturating_mul(units as u32)
         });

@@ -12,9 +12,6 @@
 //! bus both stop the pool this way.
 
 use std::sync::Arc;
-use std::thread;
-
-use crossbeam_channel::{Receiver, Sender, TrySendError};
 
 use super::pending::{self, Place};
 use super::{caller_runs, refused, Env, Fanout, Runner};
@@ -22,7 +19,8 @@ use crate::config::Overflow;
 use crate::error::Error;
 use crate::stats::Tally;
 use crate::subscriber::BoxFuture;
-use crate::sync::{AtomicBool, AtomicUsize, Ordering};
+use crate::sync::channel::{self, Receiver, Sender, TrySendError};
+use crate::sync::{thread, AtomicBool, AtomicUsize, Ordering};
 use crossbeam_utils::CachePadded;
 
 pub(crate) enum Ticket<T> {
@@ -43,7 +41,7 @@ pub(crate) struct Pool<T> {
 
 impl<T: Send + Sync + 'static> Pool<T> {
     pub(crate) fn start(workers: usize, capacity: usize, env: &Arc<Env>) -> Result<Self, Error> {
-        let (queue, tickets) = crossbeam_channel::bounded(capacity);
+        let (queue, tickets) = channel::bounded(capacity);
         let stop_queue = queue.clone();
         let mut pool = Self {
             queue,
