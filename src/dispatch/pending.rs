@@ -95,14 +95,7 @@ pub(super) fn settle(
                 None
             }
             Place::Worker | Place::Publisher | Place::Task => {
-                match handle.block_on(CatchUnwind(future)) {
-                    Ok(()) => tally.delivered += 1,
-                    Err(panic) => {
-                        tally.panics += 1;
-                        report_panic("(async handler)", None, panic.as_ref());
-                    }
-                }
-                tally.finished += 1;
+                record(handle.block_on(CatchUnwind(future)), tally);
                 None
             }
         },
@@ -113,19 +106,10 @@ pub(super) fn settle(
 async fn finish(future: BoxFuture, env: Arc<Env>, permit: Option<TaskPermit>) {
     let mut outcome = Outcome {
         env,
-        tally: Tally {
-            finished: 1,
-            ..Tally::default()
-        },
+        tally: Tally::default(),
         settled: false,
     };
-    match CatchUnwind(future).await {
-        Ok(()) => outcome.tally.delivered = 1,
-        Err(panic) => {
-            outcome.tally.panics = 1;
-            report_panic("(async handler)", None, panic.as_ref());
-        }
-    }
+    record(CatchUnwind(future).await, &mut outcome.tally);
     outcome.settled = true;
     drop(permit);
 }
@@ -138,14 +122,7 @@ pub(super) async fn finish_here(futures: Vec<BoxFuture>, tally: &mut Tally) {
         pending.retain_mut(|future| match Pin::new(future).poll(cx) {
             Poll::Pending => true,
             Poll::Ready(outcome) => {
-                match outcome {
-                    Ok(()) => tally.delivered += 1,
-                    Err(panic) => {
-                        tally.panics += 1;
-                        report_panic("(async handler)", None, panic.as_ref());
-                    }
-                }
-                tally.finished += 1;
+                record(outcome, tally);
                 false
             }
         });
@@ -156,6 +133,18 @@ pub(super) async fn finish_here(futures: Vec<BoxFuture>, tally: &mut Tally) {
         }
     })
     .await;
+}
+
+/// Counts one finished async delivery: delivered, or a caught panic.
+fn record(outcome: Result<(), Box<dyn Any + Send>>, tally: &mut Tally) {
+    match outcome {
+        Ok(()) => tally.delivered += 1,
+        Err(panic) => {
+            tally.panics += 1;
+            report_panic("(async handler)", None, panic.as_ref());
+        }
+    }
+    tally.finished += 1;
 }
 
 /// Adds a continued delivery's outcome to the counters when its task ends,
@@ -171,6 +160,7 @@ impl Drop for Outcome {
     fn drop(&mut self) {
         if !self.settled {
             self.tally.dropped = 1;
+            self.tally.finished = 1;
         }
         self.env.counters.add(&self.tally);
     }

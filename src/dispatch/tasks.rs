@@ -98,11 +98,8 @@ impl Tasks {
                 }
                 None => match env.overflow {
                     Overflow::CallerRuns => {
-                        let mut runner = PublisherRunner {
-                            handle: &self.handle,
-                            job: &job,
-                            env,
-                        };
+                        let mut runner =
+                            TaskModeRunner::new(&self.handle, &job, env, Place::Publisher);
                         caller_runs(&job, &mut runner, env);
                     }
                     Overflow::Drop | Overflow::Error => dropped += refused(&job, started, env),
@@ -121,12 +118,7 @@ fn spawn_runner<T: Send + Sync + 'static>(
     let task_handle = handle.clone();
     handle.spawn(async move {
         let env = Arc::clone(&permit.0);
-        let mut runner = TaskRunner {
-            handle: &task_handle,
-            job: &job,
-            env: &env,
-            awaited: Vec::new(),
-        };
+        let mut runner = TaskModeRunner::new(&task_handle, &job, &env, Place::Task);
         let mut tally = Tally::default();
         job.run(&env, &mut runner, &mut tally);
         // Pending deliveries the cap kept from becoming tasks of their own.
@@ -139,67 +131,47 @@ fn spawn_runner<T: Send + Sync + 'static>(
     });
 }
 
-/// A runner that is a task.
-struct TaskRunner<'a, T> {
+/// A runner in this mode: a task, or the publisher running a runner the cap
+/// had no room for.
+struct TaskModeRunner<'a, T> {
     handle: &'a Handle,
     job: &'a Arc<Fanout<T>>,
     env: &'a Arc<Env>,
+    place: Place,
+    /// Pending deliveries a task runner awaits itself (see `pending.rs`).
     awaited: Vec<BoxFuture>,
 }
 
-impl<T: Send + Sync + 'static> Runner<T> for TaskRunner<'_, T> {
+impl<'a, T> TaskModeRunner<'a, T> {
+    fn new(handle: &'a Handle, job: &'a Arc<Fanout<T>>, env: &'a Arc<Env>, place: Place) -> Self {
+        Self {
+            handle,
+            job,
+            env,
+            place,
+            awaited: Vec::new(),
+        }
+    }
+}
+
+impl<T: Send + Sync + 'static> Runner<T> for TaskModeRunner<'_, T> {
     fn has_idle_capacity(&self) -> bool {
-        has_idle_capacity(self.env)
+        self.env.tasks.live() < self.env.workers
     }
 
     fn offer_helper(&mut self, _job: &Fanout<T>) -> bool {
-        offer_helper(self.handle, self.job, self.env)
+        match TaskPermit::acquire(self.env) {
+            Some(permit) => {
+                spawn_runner(self.handle, Arc::clone(self.job), permit);
+                true
+            }
+            None => false,
+        }
     }
 
     fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) {
-        if let Some(future) = pending::settle(delivery, self.env, Place::Task, tally) {
+        if let Some(future) = pending::settle(delivery, self.env, self.place, tally) {
             self.awaited.push(future);
         }
-    }
-}
-
-/// The publisher, running a unit the cap had no room for.
-struct PublisherRunner<'a, T> {
-    handle: &'a Handle,
-    job: &'a Arc<Fanout<T>>,
-    env: &'a Arc<Env>,
-}
-
-impl<T: Send + Sync + 'static> Runner<T> for PublisherRunner<'_, T> {
-    fn has_idle_capacity(&self) -> bool {
-        has_idle_capacity(self.env)
-    }
-
-    fn offer_helper(&mut self, _job: &Fanout<T>) -> bool {
-        offer_helper(self.handle, self.job, self.env)
-    }
-
-    fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) {
-        pending::settle(delivery, self.env, Place::Publisher, tally);
-    }
-}
-
-/// Fewer of the bus's tasks are alive than it has workers: a helper task would
-/// likely find a free runtime thread.
-fn has_idle_capacity(env: &Env) -> bool {
-    env.tasks.live() < env.workers
-}
-
-fn offer_helper<T: Send + Sync + 'static>(
-    handle: &Handle,
-    job: &Arc<Fanout<T>>,
-    env: &Arc<Env>,
-) -> bool {
-    match TaskPermit::acquire(env) {
-        Some(permit) => {
-            spawn_runner(handle, Arc::clone(job), permit);
-            true
-        }
-        None => false,
     }
 }
