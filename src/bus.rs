@@ -8,8 +8,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::marker::PhantomData;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::builder::BusBuilder;
@@ -20,11 +19,11 @@ use crate::message::{Message, Metadata};
 use crate::receiver::{Mailbox, Pushed, Receiver};
 use crate::route::{Route, RouteCache};
 use crate::stats::{Counters, Stats};
-use crate::subscriber::{AsyncSink, HandlerEntry, Sink, Subscriber, SyncSink};
-use crate::subscription::{Handler, Remove, Subscription};
+use crate::subscriber::{AsyncSink, HandlerEntry, Sink, SinkKind, Subscriber, SyncSink};
+use crate::subscription::{Control, Handler, Subscription};
 use crate::sync::{AtomicU64, Ordering};
 use crate::topic::{validate_filter, validate_topic};
-use crate::trie::{Handlers, InsertError, SetKind, Streams, Trie};
+use crate::trie::{Handlers, InsertError, Streams, Trie};
 
 /// An in-process publish/subscribe bus carrying values of type `T`.
 ///
@@ -199,15 +198,25 @@ impl<T: Send + Sync + 'static> Bus<T> {
         self.add_handler(filter, AsyncSink(handler))
     }
 
-    fn add_handler<S: Sink<T> + 'static>(
+    fn add_handler<S: Sink<T> + SinkKind<T>>(
         &self,
         filter: &str,
         sink: S,
     ) -> Result<Subscription, Error> {
         validate_filter(filter)?;
+        self.check_open()?;
         let id = self.next_id();
-        let entry: HandlerEntry<T> = Arc::new(Subscriber::new(id, sink));
-        self.insert::<Handlers>(filter, id, entry)
+        let trie = Arc::downgrade(&self.inner.trie);
+        let mut control: Option<Arc<dyn Control>> = None;
+        self.inner
+            .trie
+            .insert::<Handlers>(filter, |filter| {
+                let entry = Arc::new(Subscriber::new(id, trie, filter, sink));
+                control = Some(Arc::clone(&entry) as Arc<dyn Control>);
+                entry as HandlerEntry<T>
+            })
+            .map_err(|InsertError::Closed| Error::Closed)?;
+        Ok(Subscription::new(control.expect("the trie made the entry")))
     }
 
     /// Subscribes a stream to topics matching `filter`: an ordered mailbox of
@@ -234,9 +243,20 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 reason: "must be at least 1",
             });
         }
+        self.check_open()?;
         let id = self.next_id();
-        let entry = Arc::new(Subscriber::new(id, Mailbox::new(capacity)));
-        let subscription = self.insert::<Streams>(filter, id, Arc::clone(&entry))?;
+        let trie = Arc::downgrade(&self.inner.trie);
+        let mut made = None;
+        self.inner
+            .trie
+            .insert::<Streams>(filter, |filter| {
+                let entry = Arc::new(Subscriber::new(id, trie, filter, Mailbox::new(capacity)));
+                made = Some(Arc::clone(&entry));
+                entry
+            })
+            .map_err(|InsertError::Closed| Error::Closed)?;
+        let entry = made.expect("insert made the entry");
+        let subscription = Subscription::new(Arc::clone(&entry) as Arc<dyn Control>);
         Ok(Receiver::new(
             entry,
             Arc::clone(&self.inner.env.counters),
@@ -248,33 +268,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
         self.inner.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn insert<K: SetKind<T>>(
-        &self,
-        filter: &str,
-        id: u64,
-        entry: Arc<Subscriber<K::Sink>>,
-    ) -> Result<Subscription, Error>
-    where
-        Subscriber<K::Sink>: Send + Sync,
-    {
-        let inner = &self.inner;
-        if inner.env.counters.is_closed() {
+    fn check_open(&self) -> Result<(), Error> {
+        if self.inner.env.counters.is_closed() {
             return Err(Error::Closed);
         }
-        inner
-            .trie
-            .insert::<K>(filter, Arc::clone(&entry))
-            .map_err(|InsertError::Closed| Error::Closed)?;
-        inner.env.counters.subscribed();
-        let filter: Arc<str> = Arc::from(filter);
-        let remover = Remover::<T, K> {
-            trie: Arc::downgrade(&inner.trie),
-            filter: Arc::clone(&filter),
-            entry,
-            counters: Arc::clone(&inner.env.counters),
-            kind: PhantomData,
-        };
-        Ok(Subscription::new(id, filter, Box::new(remover)))
+        Ok(())
     }
 
     /// Publishes `data` to `topic`; returns how many subscriptions it matched.
@@ -326,7 +324,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
 
     /// Live subscriptions (handlers and streams).
     pub fn subscriptions_count(&self) -> u64 {
-        self.inner.env.counters.subscriptions()
+        self.inner.trie.subscriptions()
     }
 
     /// Deliveries accepted but not finished: queued, running, or async ones
@@ -337,7 +335,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
 
     /// A snapshot of the bus's counters.
     pub fn stats(&self) -> Stats {
-        self.inner.env.counters.snapshot()
+        let mut stats = self.inner.env.counters.snapshot();
+        stats.subscriptions = self.inner.trie.subscriptions();
+        stats
     }
 
     /// Sizes of the bus's internal structures.
@@ -416,36 +416,12 @@ fn push_to_streams<T>(route: &Route<T>, message: &Arc<Message<T>>, counters: &Co
     matched
 }
 
-/// Removes one subscription from its bus, if the bus still exists.
-struct Remover<T: 'static, K: SetKind<T>> {
-    trie: Weak<Trie<T>>,
-    filter: Arc<str>,
-    entry: Arc<Subscriber<K::Sink>>,
-    counters: Arc<Counters>,
-    kind: PhantomData<fn() -> K>,
-}
-
-impl<T: Send + Sync + 'static, K: SetKind<T>> Remove for Remover<T, K>
-where
-    Subscriber<K::Sink>: Send + Sync,
-{
-    fn remove(&self) {
-        let removed = match self.trie.upgrade() {
-            Some(trie) => trie.remove::<K>(&self.filter, &self.entry),
-            None => self.entry.deactivate(),
-        };
-        if removed {
-            self.counters.unsubscribed();
-        }
-    }
-}
-
-impl<T> fmt::Debug for Bus<T> {
+impl<T: 'static> fmt::Debug for Bus<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let counters = &self.inner.env.counters;
         f.debug_struct("Bus")
             .field("delivery", &self.inner.config.delivery)
-            .field("subscriptions", &counters.subscriptions())
+            .field("subscriptions", &self.inner.trie.subscriptions())
             .field("inflight", &counters.inflight())
             .field("closed", &counters.is_closed())
             .finish()

@@ -25,7 +25,7 @@
 //!   stop.
 
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use loom::thread;
@@ -48,7 +48,17 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 }
 
 fn handler(id: u64) -> HandlerEntry<u32> {
-    Arc::new(Subscriber::new(id, SyncSink(|_: &Message<u32>| {})))
+    Arc::new(Subscriber::new(
+        id,
+        Weak::new(),
+        Arc::from("a/b"),
+        SyncSink(|_: &Message<u32>| {}),
+    ))
+}
+
+/// Inserts a prepared entry (the trie's own filter string is not needed).
+fn insert(trie: &Trie<u32>, filter: &str, entry: HandlerEntry<u32>) {
+    assert!(trie.insert::<Handlers>(filter, |_| entry).is_ok());
 }
 
 /// Ids of the active handler subscriptions a route reaches.
@@ -68,7 +78,7 @@ fn race_lookup(before: u64, change: impl Fn(&Trie<u32>), check: impl Fn(Vec<u64>
     let trie = Arc::new(Trie::<u32>::new());
     let cache = Arc::new(RouteCache::<u32>::new(2));
     for id in 1..=before {
-        assert!(trie.insert::<Handlers>("a/b", handler(id)).is_ok());
+        insert(&trie, "a/b", handler(id));
     }
     cache.route(&trie, "a/b");
     let reader = {
@@ -87,7 +97,7 @@ fn loom_lookup_after_an_append_sees_it() {
     model(|| {
         race_lookup(
             1,
-            |trie| assert!(trie.insert::<Handlers>("a/b", handler(9)).is_ok()),
+            |trie| insert(trie, "a/b", handler(9)),
             |ids| assert!(ids.contains(&9), "{ids:?}"),
         );
     });
@@ -98,7 +108,7 @@ fn loom_lookup_after_a_new_node_sees_it() {
     model(|| {
         race_lookup(
             1,
-            |trie| assert!(trie.insert::<Handlers>("a/+", handler(9)).is_ok()),
+            |trie| insert(trie, "a/+", handler(9)),
             |ids| assert!(ids.contains(&9), "{ids:?}"),
         );
     });
@@ -110,7 +120,7 @@ fn loom_lookup_after_a_set_grows_sees_it() {
         // Four subscribers fill the first set; the fifth rebuilds it.
         race_lookup(
             4,
-            |trie| assert!(trie.insert::<Handlers>("a/b", handler(9)).is_ok()),
+            |trie| insert(trie, "a/b", handler(9)),
             |ids| assert_eq!(ids.len(), 5, "{ids:?}"),
         );
     });
@@ -122,8 +132,8 @@ fn loom_lookup_after_a_remove_never_sees_it() {
         let victim = handler(1);
         let trie = Arc::new(Trie::<u32>::new());
         let cache = Arc::new(RouteCache::<u32>::new(2));
-        assert!(trie.insert::<Handlers>("a/b", Arc::clone(&victim)).is_ok());
-        assert!(trie.insert::<Handlers>("a/+", handler(2)).is_ok());
+        insert(&trie, "a/b", Arc::clone(&victim));
+        insert(&trie, "a/+", handler(2));
         cache.route(&trie, "a/b");
         let reader = {
             let (trie, cache) = (Arc::clone(&trie), Arc::clone(&cache));
@@ -216,11 +226,13 @@ fn loom_pool_delivers_everything_and_stops() {
             let calls = Arc::clone(&calls);
             let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
                 id,
+                Weak::new(),
+                Arc::from("t"),
                 SyncSink(move |_: &Message<u32>| {
                     calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }),
             ));
-            assert!(trie.insert::<Handlers>("t", entry).is_ok());
+            insert(&trie, "t", entry);
         }
         let cache = RouteCache::<u32>::new(2);
         let policy = Policy::new(&config);

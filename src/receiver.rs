@@ -130,14 +130,14 @@ pub enum TryRecvError {
 /// # Ok(()) }
 /// ```
 pub struct Receiver<T> {
-    entry: Arc<Subscriber<Mailbox<T>>>,
+    entry: Arc<Subscriber<T, Mailbox<T>>>,
     counters: Arc<Counters>,
     subscription: Subscription,
 }
 
 impl<T> Receiver<T> {
     pub(crate) fn new(
-        entry: Arc<Subscriber<Mailbox<T>>>,
+        entry: Arc<Subscriber<T, Mailbox<T>>>,
         counters: Arc<Counters>,
         subscription: Subscription,
     ) -> Self {

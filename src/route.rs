@@ -20,9 +20,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxBuildHasher;
 
-use crate::receiver::Mailbox;
-use crate::subscriber::Sink;
-use crate::subset::SubSet;
+use crate::subset::{HandlerSet, StreamSet};
 use crate::sync::OptionArcCell;
 use crate::trie::Trie;
 
@@ -30,8 +28,8 @@ use crate::trie::Trie;
 pub(crate) struct Route<T> {
     pub(crate) generation: u64,
     pub(crate) topic: Arc<str>,
-    pub(crate) handlers: Box<[Arc<SubSet<dyn Sink<T>>>]>,
-    pub(crate) streams: Box<[Arc<SubSet<Mailbox<T>>>]>,
+    pub(crate) handlers: Box<[Arc<HandlerSet<T>>]>,
+    pub(crate) streams: Box<[Arc<StreamSet<T>>]>,
 }
 
 pub(crate) struct RouteCache<T> {

@@ -8,17 +8,22 @@
 //! already started will begin, even one queued long before. Removing the entry
 //! from the trie afterwards is housekeeping.
 //!
-//! Handler sinks are stored as `Subscriber<dyn Sink<T>>`, a single allocation
-//! holding the flag and the user's closure, so a delivery is one pointer read,
-//! one flag load and one indirect call.
+//! An entry is also what the user's [`Subscription`](crate::Subscription)
+//! handle points to (as a [`Control`]): one allocation per subscription holds
+//! the flag, what unsubscribing needs (the trie, weakly, and the filter, shared
+//! with the trie node) and the user's closure, so a delivery is one pointer
+//! read, one flag load and one indirect call, and consecutive subscriptions'
+//! entries sit next to each other in memory.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use crate::message::Message;
-use crate::subscription::Handler;
+use crate::receiver::Mailbox;
+use crate::subscription::{Control, Handler};
 use crate::sync::{AtomicBool, Ordering};
+use crate::trie::{Handlers, Streams, Trie};
 
 /// A delivery's future, when a handler is async.
 pub(crate) type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -31,23 +36,27 @@ pub(crate) trait Sink<T>: Send + Sync {
 }
 
 /// One subscription's entry.
-pub(crate) struct Subscriber<S: ?Sized> {
+pub(crate) struct Subscriber<T, S: ?Sized> {
     id: u64,
     active: AtomicBool,
+    trie: Weak<Trie<T>>,
+    filter: Arc<str>,
     pub(crate) sink: S,
 }
 
-impl<S> Subscriber<S> {
-    pub(crate) fn new(id: u64, sink: S) -> Self {
+impl<T, S> Subscriber<T, S> {
+    pub(crate) fn new(id: u64, trie: Weak<Trie<T>>, filter: Arc<str>, sink: S) -> Self {
         Self {
             id,
             active: AtomicBool::new(true),
+            trie,
+            filter,
             sink,
         }
     }
 }
 
-impl<S: ?Sized> Subscriber<S> {
+impl<T, S: ?Sized> Subscriber<T, S> {
     pub(crate) fn id(&self) -> u64 {
         self.id
     }
@@ -64,7 +73,58 @@ impl<S: ?Sized> Subscriber<S> {
 }
 
 /// A handler subscription's entry.
-pub(crate) type HandlerEntry<T> = Arc<Subscriber<dyn Sink<T>>>;
+pub(crate) type HandlerEntry<T> = Arc<Subscriber<T, dyn Sink<T>>>;
+
+/// How an entry with a sink of this type leaves the trie: the three sink
+/// types live in different sets.
+pub(crate) trait SinkKind<T>: Sized + 'static {
+    fn remove(trie: &Trie<T>, entry: &Subscriber<T, Self>) -> bool;
+}
+
+fn remove_handler<T: 'static>(trie: &Trie<T>, entry: &Subscriber<T, dyn Sink<T>>) -> bool {
+    trie.remove::<Handlers>(&entry.filter, entry)
+}
+
+impl<T: 'static, H: Handler<T>> SinkKind<T> for SyncSink<H> {
+    fn remove(trie: &Trie<T>, entry: &Subscriber<T, Self>) -> bool {
+        remove_handler(trie, entry)
+    }
+}
+
+impl<T, F, Fut> SinkKind<T> for AsyncSink<F>
+where
+    T: 'static,
+    F: Fn(Arc<Message<T>>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    fn remove(trie: &Trie<T>, entry: &Subscriber<T, Self>) -> bool {
+        remove_handler(trie, entry)
+    }
+}
+
+impl<T: Send + Sync + 'static> SinkKind<T> for Mailbox<T> {
+    fn remove(trie: &Trie<T>, entry: &Subscriber<T, Self>) -> bool {
+        trie.remove::<Streams>(&entry.filter, entry)
+    }
+}
+
+/// What the user's handle sees of an entry (before its sink's type is erased).
+impl<T: Send + Sync + 'static, S: SinkKind<T> + Send + Sync> Control for Subscriber<T, S> {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn filter(&self) -> &str {
+        &self.filter
+    }
+
+    fn remove(&self) -> bool {
+        match self.trie.upgrade() {
+            Some(trie) => S::remove(&trie, self),
+            None => self.deactivate(),
+        }
+    }
+}
 
 /// Adapts a [`Handler`] to a sink.
 pub(crate) struct SyncSink<H>(pub(crate) H);

@@ -66,9 +66,13 @@ where
     }
 }
 
-/// Undoes one subscription; type-erased so [`Subscription`] needs no `T`.
-pub(crate) trait Remove: Send + Sync {
-    fn remove(&self);
+/// What a [`Subscription`] handle can do with its entry; type-erased so the
+/// handle needs no `T`.
+pub(crate) trait Control: Send + Sync {
+    fn id(&self) -> u64;
+    fn filter(&self) -> &str;
+    /// Unsubscribes. False if it already was.
+    fn remove(&self) -> bool;
 }
 
 /// A live subscription. Dropping it unsubscribes.
@@ -94,28 +98,23 @@ pub(crate) trait Remove: Send + Sync {
 /// ```
 #[must_use = "dropping a Subscription unsubscribes it at once; call .detach() to keep it for the life of the bus"]
 pub struct Subscription {
-    id: u64,
-    filter: Arc<str>,
-    remover: Option<Box<dyn Remove>>,
+    entry: Arc<dyn Control>,
+    armed: bool,
 }
 
 impl Subscription {
-    pub(crate) fn new(id: u64, filter: Arc<str>, remover: Box<dyn Remove>) -> Self {
-        Self {
-            id,
-            filter,
-            remover: Some(remover),
-        }
+    pub(crate) fn new(entry: Arc<dyn Control>) -> Self {
+        Self { entry, armed: true }
     }
 
     /// The subscription's id, unique within its bus.
     pub fn id(&self) -> u64 {
-        self.id
+        self.entry.id()
     }
 
     /// The filter it subscribed with.
     pub fn filter(&self) -> &str {
-        &self.filter
+        self.entry.filter()
     }
 
     /// Unsubscribes (the same as dropping it, but explicit).
@@ -125,14 +124,14 @@ impl Subscription {
 
     /// Unsubscribes now, leaving an inert handle.
     pub(crate) fn remove_now(&mut self) {
-        if let Some(remover) = self.remover.take() {
-            remover.remove();
+        if std::mem::take(&mut self.armed) {
+            self.entry.remove();
         }
     }
 
     /// Keeps the subscription for as long as the bus lives, without a handle.
     pub fn detach(mut self) {
-        self.remover = None;
+        self.armed = false;
     }
 }
 
@@ -145,9 +144,9 @@ impl Drop for Subscription {
 impl fmt::Debug for Subscription {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Subscription")
-            .field("id", &self.id)
-            .field("filter", &self.filter)
-            .field("detached", &self.remover.is_none())
+            .field("id", &self.id())
+            .field("filter", &self.filter())
+            .field("armed", &self.armed)
             .finish()
     }
 }

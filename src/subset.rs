@@ -10,53 +10,71 @@
 //!   with `Acquire` therefore sees every entry below it. Appending needs no
 //!   copy and no cache invalidation: a cached route holds the set, not a copy
 //!   of it, and reads the length anew on every publish.
+//! - Slots live in **segments**. When the set is full, the writer makes a
+//!   replacement that shares every existing segment (they are full and never
+//!   written again) and adds one as large as all of them together, so the
+//!   capacity doubles without copying a single entry; it swaps the
+//!   replacement into the node and bumps the trie's generation so cached
+//!   routes pick it up. A million subscribes to one topic are a million
+//!   appends plus about twenty segment allocations.
 //! - Removing is two steps: the subscription's own flag is cleared (delivery
 //!   stops at once), and the writer counts it out of `live`. Dead entries stay
-//!   until the set is rebuilt.
-//! - When the set is full, or when dead entries outnumber live ones, the
-//!   writer builds a replacement with only the live entries and room to grow
-//!   (capacity doubles), swaps it into the node and bumps the trie's
-//!   generation so cached routes pick it up. Each entry is copied O(1) times
-//!   on average, so a million subscribes to one topic cost a million appends
-//!   plus about two million pointer copies in total, not a million copies of
-//!   the whole set.
+//!   until the writer *compacts* the set — copies the live entries into one
+//!   fresh segment — which it does once dead entries outnumber live ones, so
+//!   each removal costs O(1) copies on average.
 
+use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
-use crate::subscriber::Subscriber;
+use crate::receiver::Mailbox;
+use crate::subscriber::{Sink, Subscriber};
 use crate::sync::{AtomicUsize, Ordering};
+
+/// One slot: written once by the writer, then only read.
+pub(crate) type Slot<T, S> = OnceLock<Arc<Subscriber<T, S>>>;
+
+/// A run of slots allocated together; shared by the sets that grew from it.
+type Segment<T, S> = Arc<[Slot<T, S>]>;
+
+/// A node's handler subscriptions.
+pub(crate) type HandlerSet<T> = SubSet<T, dyn Sink<T>>;
+/// A node's stream subscriptions.
+pub(crate) type StreamSet<T> = SubSet<T, Mailbox<T>>;
 
 /// The smallest capacity a non-empty set is given.
 const MIN_CAPACITY: usize = 4;
 
-pub(crate) struct SubSet<S: ?Sized> {
-    slots: Box<[OnceLock<Arc<Subscriber<S>>>]>,
+pub(crate) struct SubSet<T, S: ?Sized> {
+    /// Segments in order; together they hold `capacity` slots.
+    segments: Box<[Segment<T, S>]>,
+    /// Where each segment starts.
+    starts: Box<[usize]>,
+    capacity: usize,
     len: AtomicUsize,
     live: AtomicUsize,
 }
 
-impl<S: ?Sized> SubSet<S> {
+impl<T, S: ?Sized> SubSet<T, S> {
     pub(crate) fn empty() -> Self {
-        Self {
-            slots: Box::new([]),
-            len: AtomicUsize::new(0),
-            live: AtomicUsize::new(0),
-        }
+        Self::from_parts(Box::new([]), 0, 0)
     }
 
-    fn from_entries(entries: Vec<Arc<Subscriber<S>>>) -> Self {
-        let capacity = (entries.len() * 2).max(MIN_CAPACITY);
-        let len = entries.len();
-        let slots: Box<[OnceLock<Arc<Subscriber<S>>>]> = entries
-            .into_iter()
-            .map(OnceLock::from)
-            .chain(std::iter::repeat_with(OnceLock::new))
-            .take(capacity)
+    fn from_parts(segments: Box<[Segment<T, S>]>, len: usize, live: usize) -> Self {
+        let mut capacity = 0;
+        let starts = segments
+            .iter()
+            .map(|segment| {
+                let start = capacity;
+                capacity += segment.len();
+                start
+            })
             .collect();
         Self {
-            slots,
+            segments,
+            starts,
+            capacity,
             len: AtomicUsize::new(len),
-            live: AtomicUsize::new(len),
+            live: AtomicUsize::new(live),
         }
     }
 
@@ -72,37 +90,61 @@ impl<S: ?Sized> SubSet<S> {
     }
 
     pub(crate) fn capacity(&self) -> usize {
-        self.slots.len()
+        self.capacity
+    }
+
+    /// The segment holding slot `index`, and the index's offset in it.
+    #[inline]
+    fn locate(&self, index: usize) -> Option<(usize, usize)> {
+        if index >= self.capacity {
+            return None;
+        }
+        // Few segments (one per doubling): a backwards scan is cheapest.
+        let segment = self.starts.iter().rposition(|&start| start <= index)?;
+        Some((segment, index - self.starts[segment]))
     }
 
     /// The entry at `index`, if `index` is below a length this thread loaded.
-    #[inline]
-    pub(crate) fn get(&self, index: usize) -> Option<&Arc<Subscriber<S>>> {
-        self.slots.get(index).and_then(OnceLock::get)
+    pub(crate) fn get(&self, index: usize) -> Option<&Arc<Subscriber<T, S>>> {
+        let (segment, offset) = self.locate(index)?;
+        self.segments[segment][offset].get()
     }
 
-    /// The slots in `range` (which must lie below a length this thread
-    /// loaded).
+    /// The slots of `range` (which must lie below a length this thread
+    /// loaded), as the contiguous runs of the segments they sit in.
     #[inline]
-    pub(crate) fn slots(&self, range: std::ops::Range<usize>) -> &[OnceLock<Arc<Subscriber<S>>>] {
-        &self.slots[range]
+    pub(crate) fn runs(&self, range: Range<usize>) -> impl Iterator<Item = &[Slot<T, S>]> {
+        let first = self
+            .locate(range.start)
+            .map_or(self.segments.len(), |(s, _)| s);
+        self.segments[first..]
+            .iter()
+            .zip(&self.starts[first..])
+            .map_while(move |(segment, &start)| {
+                let from = range.start.max(start) - start;
+                let to = range.end.min(start + segment.len()).saturating_sub(start);
+                (from < to).then(|| &segment[from..to])
+            })
     }
 
     /// The first `len` entries (a length previously read with [`Self::len`]).
-    pub(crate) fn entries(&self, len: usize) -> impl Iterator<Item = &Arc<Subscriber<S>>> {
-        self.slots[..len.min(self.slots.len())]
-            .iter()
+    pub(crate) fn entries(&self, len: usize) -> impl Iterator<Item = &Arc<Subscriber<T, S>>> {
+        self.runs(0..len.min(self.capacity))
+            .flatten()
             .filter_map(OnceLock::get)
     }
 
     /// Writer only: appends into spare capacity, or hands the entry back if the
     /// set is full.
-    pub(crate) fn try_push(&self, entry: Arc<Subscriber<S>>) -> Result<(), Arc<Subscriber<S>>> {
+    pub(crate) fn try_push(
+        &self,
+        entry: Arc<Subscriber<T, S>>,
+    ) -> Result<(), Arc<Subscriber<T, S>>> {
         let len = self.len.load(Ordering::Relaxed);
-        let Some(slot) = self.slots.get(len) else {
+        let Some((segment, offset)) = self.locate(len) else {
             return Err(entry);
         };
-        slot.set(entry)?;
+        self.segments[segment][offset].set(entry)?;
         self.live.fetch_add(1, Ordering::Relaxed);
         self.len.store(len + 1, Ordering::Release);
         Ok(())
@@ -118,54 +160,114 @@ impl<S: ?Sized> SubSet<S> {
         self.len.load(Ordering::Relaxed) - self.live()
     }
 
-    /// Writer only: a replacement holding the live entries, plus `extra`.
-    pub(crate) fn rebuilt(&self, extra: Option<Arc<Subscriber<S>>>) -> Self {
+    /// Writer only: a replacement for this full set with `entry` added and
+    /// twice the room, sharing every segment of this one.
+    pub(crate) fn grown(&self, entry: Arc<Subscriber<T, S>>) -> Self {
+        let added = new_segment(self.capacity.max(MIN_CAPACITY));
+        let segments = self.segments.iter().cloned().chain([added]).collect();
         let len = self.len.load(Ordering::Relaxed);
-        let entries: Vec<_> = self
-            .entries(len)
-            .filter(|e| e.is_active())
-            .cloned()
-            .chain(extra)
-            .collect();
-        if entries.is_empty() {
-            Self::empty()
-        } else {
-            Self::from_entries(entries)
+        let grown = Self::from_parts(segments, len, self.live());
+        if grown.try_push(entry).is_err() {
+            unreachable!("a grown set has room");
         }
+        grown
     }
+
+    /// Writer only: a replacement holding only the live entries, in one
+    /// segment with room for as many again.
+    pub(crate) fn compacted(&self) -> Self {
+        let len = self.len.load(Ordering::Relaxed);
+        let live: Vec<Arc<Subscriber<T, S>>> = self
+            .entries(len)
+            .filter(|entry| entry.is_active())
+            .cloned()
+            .collect();
+        if live.is_empty() {
+            return Self::empty();
+        }
+        let count = live.len();
+        let capacity = (count * 2).max(MIN_CAPACITY);
+        let segment: Segment<T, S> = live
+            .into_iter()
+            .map(OnceLock::from)
+            .chain(std::iter::repeat_with(OnceLock::new))
+            .take(capacity)
+            .collect();
+        Self::from_parts(Box::new([segment]), count, count)
+    }
+}
+
+fn new_segment<T, S: ?Sized>(capacity: usize) -> Segment<T, S> {
+    std::iter::repeat_with(OnceLock::new)
+        .take(capacity)
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn entry(id: u64) -> Arc<Subscriber<u64>> {
-        Arc::new(Subscriber::new(id, id))
+    fn entry(id: u64) -> Arc<Subscriber<(), u64>> {
+        Arc::new(Subscriber::new(
+            id,
+            std::sync::Weak::new(),
+            Arc::from("f"),
+            id,
+        ))
+    }
+
+    fn ids(set: &SubSet<(), u64>) -> Vec<u64> {
+        set.entries(set.len()).map(|e| e.id()).collect()
     }
 
     #[test]
-    fn appends_until_full_then_rebuilds_with_room() {
-        let set: SubSet<u64> = SubSet::empty();
+    fn appends_until_full_then_grows_by_a_segment() {
+        let set: SubSet<(), u64> = SubSet::empty();
         assert!(set.try_push(entry(0)).is_err());
-        let set = set.rebuilt(Some(entry(0)));
+        let set = set.grown(entry(0));
         assert_eq!((set.len(), set.capacity()), (1, MIN_CAPACITY));
         for id in 1..4 {
             assert!(set.try_push(entry(id)).is_ok());
         }
         assert!(set.try_push(entry(4)).is_err());
-        let ids: Vec<u64> = set.entries(set.len()).map(|e| e.id()).collect();
-        assert_eq!(ids, [0, 1, 2, 3]);
+        let grown = set.grown(entry(4));
+        assert_eq!((grown.len(), grown.capacity()), (5, 8));
+        assert_eq!(ids(&grown), [0, 1, 2, 3, 4]);
+        // The old set is untouched and shares its entries.
+        assert_eq!(ids(&set), [0, 1, 2, 3]);
+        assert!(Arc::ptr_eq(set.get(2).unwrap(), grown.get(2).unwrap()));
     }
 
     #[test]
-    fn rebuilding_drops_dead_entries() {
-        let set = SubSet::empty().rebuilt(Some(entry(0)));
+    fn runs_cover_ranges_across_segments() {
+        let mut set: SubSet<(), u64> = SubSet::empty().grown(entry(0));
+        for id in 1..20 {
+            if let Err(e) = set.try_push(entry(id)) {
+                set = set.grown(e);
+            }
+        }
+        let lens: Vec<usize> = set.runs(2..19).map(<[_]>::len).collect();
+        assert_eq!(lens, [2, 4, 8, 3]);
+        let ids: Vec<u64> = set
+            .runs(2..19)
+            .flatten()
+            .filter_map(OnceLock::get)
+            .map(|e| e.id())
+            .collect();
+        assert_eq!(ids, (2..19).collect::<Vec<_>>());
+        assert_eq!(set.get(17).map(|e| e.id()), Some(17));
+        assert!(set.get(32).is_none());
+    }
+
+    #[test]
+    fn compacting_drops_dead_entries() {
+        let set = SubSet::empty().grown(entry(0));
         assert!(set.try_push(entry(1)).is_ok());
         set.get(0).unwrap().deactivate();
         set.count_removed();
         assert_eq!((set.live(), set.dead()), (1, 1));
-        let set = set.rebuilt(None);
-        let ids: Vec<u64> = set.entries(set.len()).map(|e| e.id()).collect();
-        assert_eq!(ids, [1]);
+        let set = set.compacted();
+        assert_eq!(ids(&set), [1]);
+        assert_eq!(set.dead(), 0);
     }
 }

@@ -30,7 +30,7 @@ use rustc_hash::FxBuildHasher;
 
 use crate::receiver::Mailbox;
 use crate::subscriber::{Sink, Subscriber};
-use crate::subset::SubSet;
+use crate::subset::{HandlerSet, StreamSet, SubSet};
 use crate::sync::{ArcCell, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::topic::is_system_topic;
 
@@ -98,13 +98,16 @@ impl<T> Node<T> {
 
 /// The subscriptions whose filter ends at one node.
 pub(crate) struct NodeSubs<T> {
-    handlers: ArcCell<SubSet<dyn Sink<T>>>,
-    streams: ArcCell<SubSet<Mailbox<T>>>,
+    /// The node's whole filter, shared by its subscriptions' entries.
+    filter: Arc<str>,
+    handlers: ArcCell<HandlerSet<T>>,
+    streams: ArcCell<StreamSet<T>>,
 }
 
 impl<T> NodeSubs<T> {
-    fn new() -> Self {
+    fn new(filter: &str) -> Self {
         Self {
+            filter: Arc::from(filter),
             handlers: ArcCell::new(Arc::new(SubSet::empty())),
             streams: ArcCell::new(Arc::new(SubSet::empty())),
         }
@@ -118,7 +121,7 @@ impl<T> NodeSubs<T> {
 /// Which of a node's two sets an operation is about.
 pub(crate) trait SetKind<T>: 'static {
     type Sink: ?Sized + 'static;
-    fn cell(subs: &NodeSubs<T>) -> &ArcCell<SubSet<Self::Sink>>;
+    fn cell(subs: &NodeSubs<T>) -> &ArcCell<SubSet<T, Self::Sink>>;
 }
 
 /// Handler subscriptions (sync and async).
@@ -128,14 +131,14 @@ pub(crate) enum Streams {}
 
 impl<T: 'static> SetKind<T> for Handlers {
     type Sink = dyn Sink<T>;
-    fn cell(subs: &NodeSubs<T>) -> &ArcCell<SubSet<dyn Sink<T>>> {
+    fn cell(subs: &NodeSubs<T>) -> &ArcCell<HandlerSet<T>> {
         &subs.handlers
     }
 }
 
 impl<T: 'static> SetKind<T> for Streams {
     type Sink = Mailbox<T>;
-    fn cell(subs: &NodeSubs<T>) -> &ArcCell<SubSet<Mailbox<T>>> {
+    fn cell(subs: &NodeSubs<T>) -> &ArcCell<StreamSet<T>> {
         &subs.streams
     }
 }
@@ -143,8 +146,8 @@ impl<T: 'static> SetKind<T> for Streams {
 /// The sets a topic name reaches, as of generation `generation`.
 pub(crate) struct Matched<T> {
     pub(crate) generation: u64,
-    pub(crate) handlers: Vec<Arc<SubSet<dyn Sink<T>>>>,
-    pub(crate) streams: Vec<Arc<SubSet<Mailbox<T>>>>,
+    pub(crate) handlers: Vec<Arc<HandlerSet<T>>>,
+    pub(crate) streams: Vec<Arc<StreamSet<T>>>,
 }
 
 /// State only the writer touches.
@@ -157,6 +160,7 @@ pub(crate) struct Trie<T> {
     root: ArcCell<Node<T>>,
     generation: AtomicU64,
     nodes: AtomicUsize,
+    subscriptions: AtomicU64,
     writer: Mutex<Writer>,
 }
 
@@ -171,6 +175,7 @@ impl<T: 'static> Trie<T> {
             root: ArcCell::new(Arc::new(Node::empty())),
             generation: AtomicU64::new(0),
             nodes: AtomicUsize::new(0),
+            subscriptions: AtomicU64::new(0),
             writer: Mutex::new(Writer { closed: false }),
         }
     }
@@ -190,6 +195,11 @@ impl<T: 'static> Trie<T> {
         self.nodes.load(Ordering::Relaxed)
     }
 
+    /// Live subscriptions.
+    pub(crate) fn subscriptions(&self) -> u64 {
+        self.subscriptions.load(Ordering::Relaxed)
+    }
+
     /// Everything `topic` (a valid topic name) reaches.
     pub(crate) fn matched(&self, topic: &str) -> Matched<T> {
         let generation = self.generation();
@@ -207,28 +217,31 @@ impl<T: 'static> Trie<T> {
         self.writer.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds a subscription under `filter` (a valid filter).
+    /// Adds a subscription under `filter` (a valid filter). `make` builds its
+    /// entry from the filter string the node shares with its entries.
     pub(crate) fn insert<K: SetKind<T>>(
         &self,
         filter: &str,
-        entry: Arc<Subscriber<K::Sink>>,
+        make: impl FnOnce(Arc<str>) -> Arc<Subscriber<T, K::Sink>>,
     ) -> Result<(), InsertError> {
         let writer = self.lock();
         if writer.closed {
             return Err(InsertError::Closed);
         }
+        self.subscriptions.fetch_add(1, Ordering::Relaxed);
         let root = self.root.load_full();
         if let Some(subs) = find(&root, filter).and_then(|n| n.subs.as_ref()) {
             let cell = K::cell(subs);
             let set = cell.load_full();
-            if let Err(entry) = set.try_push(entry) {
-                cell.store(Arc::new(set.rebuilt(Some(entry))));
+            if let Err(entry) = set.try_push(make(Arc::clone(&subs.filter))) {
+                cell.store(Arc::new(set.grown(entry)));
                 self.bump();
             }
             return Ok(());
         }
-        let subs = Arc::new(NodeSubs::new());
-        K::cell(&subs).store(Arc::new(SubSet::empty().rebuilt(Some(entry))));
+        let subs = Arc::new(NodeSubs::new(filter));
+        let entry = make(Arc::clone(&subs.filter));
+        K::cell(&subs).store(Arc::new(SubSet::empty().grown(entry)));
         let mut created = 0isize;
         let new_root = with_subs(&root, filter.split('/'), Some(subs), &mut created);
         self.replace_root(new_root, created);
@@ -238,7 +251,11 @@ impl<T: 'static> Trie<T> {
     /// Removes a subscription added under `filter`: clears its flag, so no
     /// delivery that has not started will run, then tidies the trie. Returns
     /// whether this call removed it (false if it already was).
-    pub(crate) fn remove<K: SetKind<T>>(&self, filter: &str, entry: &Subscriber<K::Sink>) -> bool {
+    pub(crate) fn remove<K: SetKind<T>>(
+        &self,
+        filter: &str,
+        entry: &Subscriber<T, K::Sink>,
+    ) -> bool {
         let _writer = self.lock();
         // Deactivating under the writer lock keeps each set's `live` count
         // exact: a rebuild (also under the lock) sees the flag and the count
@@ -246,6 +263,7 @@ impl<T: 'static> Trie<T> {
         if !entry.deactivate() {
             return false;
         }
+        self.subscriptions.fetch_sub(1, Ordering::Relaxed);
         let root = self.root.load_full();
         let Some(subs) = find(&root, filter).and_then(|n| n.subs.clone()) else {
             return true;
@@ -258,7 +276,7 @@ impl<T: 'static> Trie<T> {
             let new_root = with_subs(&root, filter.split('/'), None, &mut created);
             self.replace_root(new_root, created);
         } else if set.live() == 0 || set.dead() >= MIN_DEAD_BEFORE_REBUILD.max(set.live()) {
-            cell.store(Arc::new(set.rebuilt(None)));
+            cell.store(Arc::new(set.compacted()));
             self.bump();
         }
         true

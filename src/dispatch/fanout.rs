@@ -32,8 +32,8 @@ use super::{pending, report_panic, Env, Plan, Policy};
 use crate::message::Message;
 use crate::route::Route;
 use crate::stats::Tally;
-use crate::subscriber::{BoxFuture, HandlerEntry, Sink};
-use crate::subset::SubSet;
+use crate::subscriber::{BoxFuture, HandlerEntry};
+use crate::subset::HandlerSet;
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
 /// The most units a runner claims at once below the threshold.
@@ -174,7 +174,8 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             let (set_index, offset, set_end) = sets.locate(p.current);
             let stop = p.claim_end.min(set_end);
             let set = &self.route.handlers[set_index];
-            for slot in set.slots(offset..offset + (stop - p.current)) {
+            let slots = set.runs(offset..offset + (stop - p.current)).flatten();
+            for slot in slots {
                 match slot.get() {
                     Some(entry) if entry.is_active() => {
                         if let Some(started) = entry.sink.deliver(&self.message) {
@@ -281,7 +282,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
     fn segments(
         &self,
         deliveries: Range<usize>,
-    ) -> impl Iterator<Item = (&SubSet<dyn Sink<T>>, Range<usize>)> {
+    ) -> impl Iterator<Item = (&HandlerSet<T>, Range<usize>)> {
         let mut skip = deliveries.start;
         let mut left = deliveries.len();
         self.route
