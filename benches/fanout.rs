@@ -171,7 +171,12 @@ fn write_report(allocations: &[AllocRow]) {
     }
     let mut allocs = Table::new(
         "Allocations per publish, end to end",
-        &["mode", "subscribers", "allocations / publish", "bytes / publish"],
+        &[
+            "mode",
+            "subscribers",
+            "allocations / publish",
+            "bytes / publish",
+        ],
     );
     allocs.note = "Counted by a global allocator over 2,000 publishes after a warm-up, \
                    on every thread, until every handler ran."
@@ -192,7 +197,9 @@ fn write_report(allocations: &[AllocRow]) {
             format!("{:.0}", row.bytes),
         ]);
         match chart.series.iter_mut().find(|s| s.name == row.setup) {
-            Some(series) => series.points.push((row.subscribers as f64, row.allocations)),
+            Some(series) => series
+                .points
+                .push((row.subscribers as f64, row.allocations)),
             None => chart.series.push(Series {
                 name: row.setup.into(),
                 points: vec![(row.subscribers as f64, row.allocations)],

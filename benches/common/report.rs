@@ -215,12 +215,9 @@ impl Report {
 /// Replaces what lies between the markers (adding them at the end if absent).
 fn splice(page: &str, generated: &str) -> String {
     match (page.find(START), page.find(END)) {
-        (Some(start), Some(end)) if start < end => format!(
-            "{}{START}\n{}{}",
-            &page[..start],
-            generated,
-            &page[end..]
-        ),
+        (Some(start), Some(end)) if start < end => {
+            format!("{}{START}\n{}{}", &page[..start], generated, &page[end..])
+        }
         _ => format!("{page}\n{START}\n{generated}{END}\n"),
     }
 }
@@ -260,12 +257,16 @@ impl Chart {
         let e = |e: plotters::drawing::DrawingAreaErrorKind<_>| e.to_string();
         match (self.log_x, self.log_y) {
             (false, false) => self.plot(builder.build_cartesian_2d(x0..x1, y0..y1).map_err(e)?),
-            (true, false) => {
-                self.plot(builder.build_cartesian_2d((x0..x1).log_scale(), y0..y1).map_err(e)?)
-            }
-            (false, true) => {
-                self.plot(builder.build_cartesian_2d(x0..x1, (y0..y1).log_scale()).map_err(e)?)
-            }
+            (true, false) => self.plot(
+                builder
+                    .build_cartesian_2d((x0..x1).log_scale(), y0..y1)
+                    .map_err(e)?,
+            ),
+            (false, true) => self.plot(
+                builder
+                    .build_cartesian_2d(x0..x1, (y0..y1).log_scale())
+                    .map_err(e)?,
+            ),
             (true, true) => self.plot(
                 builder
                     .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())
@@ -301,7 +302,9 @@ impl Chart {
                 ))
                 .map_err(e)?
                 .label(series.name.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
             chart
                 .draw_series(
                     series
@@ -371,7 +374,9 @@ pub fn criterion_results(group: &str) -> BTreeMap<String, Estimate> {
     let dir = target_dir().join("criterion").join(group);
     let mut stack = vec![dir];
     while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
         for entry in entries.flatten() {
             let path = entry.path();
             if !path.is_dir() {

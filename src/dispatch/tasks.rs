@@ -160,13 +160,20 @@ impl<T: Send + Sync + 'static> Runner<T> for TaskModeRunner<'_, T> {
     }
 
     fn offer_helper(&mut self, _job: &Fanout<T>) -> bool {
-        match TaskPermit::acquire(self.env) {
-            Some(permit) => {
-                spawn_runner(self.handle, Arc::clone(self.job), permit);
-                true
-            }
-            None => false,
+        let Some(permit) = TaskPermit::acquire(self.env) else {
+            return false;
+        };
+        spawn_runner(self.handle, Arc::clone(self.job), permit);
+        if self.place == Place::Task {
+            // Spawned from a task, the helper lands in this worker thread's
+            // LIFO slot, which other threads never steal and which runs only
+            // after this task yields — and this runner may be about to block
+            // in a slow handler. A second, empty spawn takes the LIFO slot
+            // and pushes the helper into the stealable queue, waking an idle
+            // thread to take it.
+            self.handle.spawn(async {});
         }
+        true
     }
 
     fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) {
