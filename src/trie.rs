@@ -26,7 +26,7 @@
 use std::str::Split;
 use std::sync::Arc;
 
-use rustc_hash::FxBuildHasher;
+use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use crate::receiver::Mailbox;
 use crate::subscriber::{Sink, Subscriber};
@@ -151,9 +151,12 @@ pub(crate) struct Matched<T> {
 }
 
 /// State only the writer touches.
-struct Writer {
-    /// Once set, no stream subscription may be added (the bus has closed).
+struct Writer<T> {
+    /// Once set, no subscription may be added (the bus has closed).
     closed: bool,
+    /// Every node that has subscriptions, by its filter: subscribing to or
+    /// unsubscribing from an existing filter is one hash lookup, not a walk.
+    by_filter: FxHashMap<Arc<str>, Arc<NodeSubs<T>>>,
 }
 
 pub(crate) struct Trie<T> {
@@ -161,7 +164,7 @@ pub(crate) struct Trie<T> {
     generation: AtomicU64,
     nodes: AtomicUsize,
     subscriptions: AtomicU64,
-    writer: Mutex<Writer>,
+    writer: Mutex<Writer<T>>,
 }
 
 /// Why an insert was refused.
@@ -176,7 +179,10 @@ impl<T: 'static> Trie<T> {
             generation: AtomicU64::new(0),
             nodes: AtomicUsize::new(0),
             subscriptions: AtomicU64::new(0),
-            writer: Mutex::new(Writer { closed: false }),
+            writer: Mutex::new(Writer {
+                closed: false,
+                by_filter: FxHashMap::default(),
+            }),
         }
     }
 
@@ -213,7 +219,7 @@ impl<T: 'static> Trie<T> {
         matched
     }
 
-    fn lock(&self) -> MutexGuard<'_, Writer> {
+    fn lock(&self) -> MutexGuard<'_, Writer<T>> {
         self.writer.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -224,17 +230,22 @@ impl<T: 'static> Trie<T> {
         filter: &str,
         make: impl FnOnce(Arc<str>) -> Arc<Subscriber<T, K::Sink>>,
     ) -> Result<(), InsertError> {
-        let writer = self.lock();
+        let mut writer = self.lock();
         if writer.closed {
             return Err(InsertError::Closed);
         }
         self.subscriptions.fetch_add(1, Ordering::Relaxed);
-        let root = self.root.load_full();
-        if let Some(subs) = find(&root, filter).and_then(|n| n.subs.as_ref()) {
+        if let Some(subs) = writer.by_filter.get(filter) {
             let cell = K::cell(subs);
-            let set = cell.load_full();
-            if let Err(entry) = set.try_push(make(Arc::clone(&subs.filter))) {
-                cell.store(Arc::new(set.grown(entry)));
+            let entry = make(Arc::clone(&subs.filter));
+            let grew = cell.with(|set| match set.try_push(entry) {
+                Ok(()) => false,
+                Err(entry) => {
+                    cell.store(Arc::new(set.grown(entry)));
+                    true
+                }
+            });
+            if grew {
                 self.bump();
             }
             return Ok(());
@@ -242,6 +253,10 @@ impl<T: 'static> Trie<T> {
         let subs = Arc::new(NodeSubs::new(filter));
         let entry = make(Arc::clone(&subs.filter));
         K::cell(&subs).store(Arc::new(SubSet::empty().grown(entry)));
+        writer
+            .by_filter
+            .insert(Arc::clone(&subs.filter), Arc::clone(&subs));
+        let root = self.root.load_full();
         let mut created = 0isize;
         let new_root = with_subs(&root, filter.split('/'), Some(subs), &mut created);
         self.replace_root(new_root, created);
@@ -256,7 +271,7 @@ impl<T: 'static> Trie<T> {
         filter: &str,
         entry: &Subscriber<T, K::Sink>,
     ) -> bool {
-        let _writer = self.lock();
+        let mut writer = self.lock();
         // Deactivating under the writer lock keeps each set's `live` count
         // exact: a rebuild (also under the lock) sees the flag and the count
         // agree.
@@ -264,14 +279,15 @@ impl<T: 'static> Trie<T> {
             return false;
         }
         self.subscriptions.fetch_sub(1, Ordering::Relaxed);
-        let root = self.root.load_full();
-        let Some(subs) = find(&root, filter).and_then(|n| n.subs.clone()) else {
+        let Some(subs) = writer.by_filter.get(filter).cloned() else {
             return true;
         };
         let cell = K::cell(&subs);
         let set = cell.load_full();
         set.count_removed();
         if subs.live() == 0 {
+            writer.by_filter.remove(filter);
+            let root = self.root.load_full();
             let mut created = 0isize;
             let new_root = with_subs(&root, filter.split('/'), None, &mut created);
             self.replace_root(new_root, created);
@@ -333,12 +349,6 @@ fn for_each_subs<T>(root: &Node<T>, f: &mut dyn FnMut(&NodeSubs<T>)) {
         }
         stack.extend(node.children.values().map(|child| &**child));
     }
-}
-
-fn find<'a, T>(root: &'a Node<T>, filter: &str) -> Option<&'a Node<T>> {
-    filter
-        .split('/')
-        .try_fold(root, |node, level| node.child(level))
 }
 
 /// A copy of `root` with the node at the end of `levels` given `subs`,
