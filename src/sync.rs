@@ -187,6 +187,10 @@ pub(crate) mod channel {
                 Ok(())
             }
 
+            pub(crate) fn len(&self) -> usize {
+                self.0.state.lock().unwrap().items.len()
+            }
+
             pub(crate) fn send(&self, item: T) -> Result<(), T> {
                 let mut state = self.0.state.lock().unwrap();
                 loop {

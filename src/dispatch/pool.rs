@@ -166,7 +166,12 @@ struct PoolRunner<'a, T> {
 
 impl<T: Send + Sync + 'static> Runner<T> for PoolRunner<'_, T> {
     fn has_idle_capacity(&self) -> bool {
-        self.idle.load(Ordering::Relaxed) > 0
+        // A worker counts as idle from finding the queue empty until its
+        // `recv` returns, which on a busy machine can be long after a ticket
+        // was queued for it: only idle workers beyond the queued tickets
+        // are free.
+        let idle = self.idle.load(Ordering::Relaxed);
+        idle > 0 && idle > self.queue.len()
     }
 
     fn offer_helper(&mut self, _job: &Fanout<T>) -> bool {
