@@ -8,8 +8,10 @@
 //!
 //! Before the criterion groups, the bench measures allocations and bytes per
 //! publish for 10, 1,000 and 100,000 subscribers in every mode with a counting
-//! global allocator. After them it writes `docs/fanout.md` (tables and chart,
-//! see `common/report.rs`).
+//! global allocator. After them (bench mode only) it measures each setup's
+//! ratio to the raw loop a second way, alternating raw and bus bursts so the
+//! machine's drift cancels, and writes `docs/fanout.md` (tables and chart, see
+//! `common/report.rs`).
 //!
 //! `cargo bench --bench fanout`
 
@@ -63,26 +65,9 @@ fn fanout(c: &mut Criterion) {
     let mut group = c.benchmark_group("fanout_1000");
 
     let counter = Arc::new(AtomicU64::new(0));
-    type Closure = Box<dyn Fn(&Payload) + Send + Sync>;
-    let closures: Vec<Closure> = (0..SUBSCRIBERS)
-        .map(|_| {
-            let counter = Arc::clone(&counter);
-            Box::new(move |_: &Payload| {
-                counter.fetch_add(1, Ordering::Relaxed);
-            }) as Closure
-        })
-        .collect();
+    let closures = raw_closures(&counter);
     group.bench_function("raw_loop", |b| {
-        b.iter_custom(|iters| {
-            let start = Instant::now();
-            for _ in 0..iters * BURST {
-                let payload = black_box(PAYLOAD);
-                for closure in &closures {
-                    closure(&payload);
-                }
-            }
-            start.elapsed() / BURST as u32
-        })
+        b.iter_custom(|iters| raw_loop(&closures, iters * BURST) / BURST as u32)
     });
 
     for setup in SETUPS {
@@ -140,7 +125,82 @@ fn allocations_per_publish() -> Vec<AllocRow> {
     rows
 }
 
-fn write_report(allocations: &[AllocRow]) {
+/// Closures doing what the bench's handlers do, for the raw loop.
+type Closure = Box<dyn Fn(&Payload) + Send + Sync>;
+
+fn raw_closures(counter: &Arc<AtomicU64>) -> Vec<Closure> {
+    (0..SUBSCRIBERS)
+        .map(|_| {
+            let counter = Arc::clone(counter);
+            Box::new(move |_: &Payload| {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }) as Closure
+        })
+        .collect()
+}
+
+fn raw_loop(closures: &[Closure], publishes: u64) -> std::time::Duration {
+    let start = Instant::now();
+    for _ in 0..publishes {
+        let payload = black_box(PAYLOAD);
+        for closure in closures {
+            closure(&payload);
+        }
+    }
+    start.elapsed()
+}
+
+/// The ratio to the raw loop, measured so that the machine's drift cancels
+/// out: rounds alternate a raw-loop burst and a bus burst of the same size,
+/// and the median of the per-round ratios is kept (with its quartiles).
+/// Criterion times each setup seconds apart; on this shared machine their
+/// ratio moved by up to 30% between runs, this one by a few percent.
+struct Interleaved {
+    median: f64,
+    low: f64,
+    high: f64,
+}
+
+fn interleaved_ratios() -> Vec<(&'static str, Interleaved)> {
+    const ROUNDS: usize = 41;
+    const BURSTS: u64 = 5;
+    let rt = runtime();
+    let raw_counter = Arc::new(AtomicU64::new(0));
+    let closures = raw_closures(&raw_counter);
+    SETUPS
+        .iter()
+        .map(|setup| {
+            let bus = setup.build::<Payload>(&rt);
+            let (counter, _subscriptions) = counting_subscribers(&bus, TOPIC, SUBSCRIBERS);
+            let mut ratios: Vec<f64> = (0..ROUNDS)
+                .map(|_| {
+                    // Each side first runs once untimed, so neither is timed
+                    // with caches the other just filled.
+                    raw_loop(&closures, BURST);
+                    let raw = raw_loop(&closures, BURSTS * BURST) / (BURSTS * BURST) as u32;
+                    time_bursts(&bus, TOPIC, &PAYLOAD, &counter, SUBSCRIBERS as u64, 1);
+                    let bus =
+                        time_bursts(&bus, TOPIC, &PAYLOAD, &counter, SUBSCRIBERS as u64, BURSTS)
+                            / BURSTS as u32;
+                    bus.as_secs_f64() / raw.as_secs_f64()
+                })
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            let ratio = Interleaved {
+                median: ratios[ROUNDS / 2],
+                low: ratios[ROUNDS / 4],
+                high: ratios[3 * ROUNDS / 4],
+            };
+            println!(
+                "{:>32}: {:.2}× the raw loop (interleaved median; quartiles {:.2}–{:.2})",
+                setup.name, ratio.median, ratio.low, ratio.high
+            );
+            (setup.name, ratio)
+        })
+        .collect()
+}
+
+fn write_report(allocations: &[AllocRow], interleaved: &[(&'static str, Interleaved)]) {
     let results = criterion_results("fanout_1000");
     let Some(raw) = results.get("raw_loop") else {
         eprintln!("no criterion results for fanout_1000/raw_loop; report not written");
@@ -153,19 +213,40 @@ fn write_report(allocations: &[AllocRow]) {
     );
     let mut times = Table::new(
         "Time per publish until all 1,000 handlers ran",
-        &["setup", "time", "95% interval", "× raw loop"],
+        &[
+            "setup",
+            "time (criterion)",
+            "95% interval",
+            "× raw loop (criterion)",
+            "× raw loop (interleaved median)",
+            "quartiles",
+        ],
     );
     times.note = "Handlers add one to a shared `AtomicU64`; 12-byte payloads; bursts of \
                   100 publishes, each burst timed until every handler ran. `raw_loop` \
-                  calls the same 1,000 closures in a plain loop."
+                  calls the same 1,000 closures in a plain loop. The interleaved ratio \
+                  alternates raw-loop and bus bursts of 500 publishes (each after an \
+                  untimed warm-up of its own) for 41 rounds and keeps the median of the \
+                  per-round ratios: it cancels the machine's drift, which moved the \
+                  criterion ratio by up to 30% between runs, but its bursts start from \
+                  idle workers, where criterion's follow each other."
         .into();
     for id in std::iter::once("raw_loop").chain(SETUPS.iter().map(|s| s.name)) {
         if let Some(e) = results.get(id) {
+            let (median, quartiles) = match interleaved.iter().find(|(name, _)| *name == id) {
+                Some((_, r)) => (
+                    format!("{:.2}×", r.median),
+                    format!("{:.2}–{:.2}", r.low, r.high),
+                ),
+                None => ("1.00×".into(), "—".into()),
+            };
             times.row(vec![
                 format!("`{id}`"),
                 format_ns(e.mean_ns),
                 format!("{} – {}", format_ns(e.low_ns), format_ns(e.high_ns)),
                 format!("{:.2}×", e.mean_ns / raw.mean_ns),
+                median,
+                quartiles,
             ]);
         }
     }
@@ -221,6 +302,7 @@ fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
     if bench_mode() {
-        write_report(&allocations);
+        let interleaved = interleaved_ratios();
+        write_report(&allocations, &interleaved);
     }
 }

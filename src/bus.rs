@@ -207,16 +207,17 @@ impl<T: Send + Sync + 'static> Bus<T> {
         self.check_open()?;
         let id = self.next_id();
         let trie = Arc::downgrade(&self.inner.trie);
-        let mut control: Option<Arc<dyn Control>> = None;
+        let mut made: Option<(Arc<dyn Control>, Arc<str>)> = None;
         self.inner
             .trie
             .insert::<Handlers>(filter, |filter| {
-                let entry = Arc::new(Subscriber::new(id, trie, filter, sink));
-                control = Some(Arc::clone(&entry) as Arc<dyn Control>);
+                let entry = Arc::new(Subscriber::new(id, trie, sink));
+                made = Some((Arc::clone(&entry) as Arc<dyn Control>, filter));
                 entry as HandlerEntry<T>
             })
             .map_err(|InsertError::Closed| Error::Closed)?;
-        Ok(Subscription::new(control.expect("the trie made the entry")))
+        let (control, filter) = made.expect("the trie made the entry");
+        Ok(Subscription::new(control, filter))
     }
 
     /// Subscribes a stream to topics matching `filter`: an ordered mailbox of
@@ -250,13 +251,13 @@ impl<T: Send + Sync + 'static> Bus<T> {
         self.inner
             .trie
             .insert::<Streams>(filter, |filter| {
-                let entry = Arc::new(Subscriber::new(id, trie, filter, Mailbox::new(capacity)));
-                made = Some(Arc::clone(&entry));
+                let entry = Arc::new(Subscriber::new(id, trie, Mailbox::new(capacity)));
+                made = Some((Arc::clone(&entry), filter));
                 entry
             })
             .map_err(|InsertError::Closed| Error::Closed)?;
-        let entry = made.expect("insert made the entry");
-        let subscription = Subscription::new(Arc::clone(&entry) as Arc<dyn Control>);
+        let (entry, filter) = made.expect("insert made the entry");
+        let subscription = Subscription::new(Arc::clone(&entry) as Arc<dyn Control>, filter);
         Ok(Receiver::new(
             entry,
             Arc::clone(&self.inner.env.counters),
@@ -340,7 +341,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
         stats
     }
 
-    /// Sizes of the bus's internal structures.
+    /// Sizes of the bus's internal structures. It reads every route-cache
+    /// slot (4,096 by default), so it is for monitoring, not for hot loops.
     pub fn footprint(&self) -> Footprint {
         let inner = &self.inner;
         Footprint {

@@ -46,11 +46,12 @@
 //! `Error`).
 //!
 //! # Guarantees
-//! - A subscription that exists for the whole of a `publish` call receives
-//!   that message exactly once, unless a policy you chose dropped it — then it
-//!   is counted in [`Stats::dropped`].
+//! - A subscription that exists for the whole of a `publish` call, and is
+//!   still subscribed when its delivery starts, receives that message exactly
+//!   once, unless a policy you chose dropped it — then it is counted in
+//!   [`Stats::dropped`].
 //! - After `unsubscribe` (or drop) returns, no delivery to that subscription
-//!   that had not started will run.
+//!   that had not started will run, queued ones included.
 //! - A stream subscription receives one publisher's messages in publish order;
 //!   handler subscriptions make no ordering promise.
 //! - A panicking handler is caught and counted; nobody else notices.

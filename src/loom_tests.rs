@@ -51,7 +51,6 @@ fn handler(id: u64) -> HandlerEntry<u32> {
     Arc::new(Subscriber::new(
         id,
         Weak::new(),
-        Arc::from("a/b"),
         SyncSink(|_: &Message<u32>| {}),
     ))
 }
@@ -227,7 +226,6 @@ fn loom_pool_delivers_everything_and_stops() {
             let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
                 id,
                 Weak::new(),
-                Arc::from("t"),
                 SyncSink(move |_: &Message<u32>| {
                     calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }),

@@ -10,10 +10,11 @@
 //!
 //! An entry is also what the user's [`Subscription`](crate::Subscription)
 //! handle points to (as a [`Control`]): one allocation per subscription holds
-//! the flag, what unsubscribing needs (the trie, weakly, and the filter, shared
-//! with the trie node) and the user's closure, so a delivery is one pointer
-//! read, one flag load and one indirect call, and consecutive subscriptions'
-//! entries sit next to each other in memory.
+//! the flag, the trie (weakly, for unsubscribing) and the user's closure, so a
+//! delivery is one pointer read, one flag load and one indirect call, and
+//! consecutive subscriptions' entries sit next to each other in memory. The
+//! entry is kept small (48 bytes for a closure holding one `Arc`) because a
+//! fan-out walks thousands of them; the filter string lives in the handle.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -35,22 +36,22 @@ pub(crate) trait Sink<T>: Send + Sync {
     fn deliver(&self, message: &Arc<Message<T>>) -> Option<BoxFuture>;
 }
 
-/// One subscription's entry.
+/// One subscription's entry. `repr(C)` keeps the flag next to the sink, in
+/// the line a delivery touches.
+#[repr(C)]
 pub(crate) struct Subscriber<T, S: ?Sized> {
+    trie: Weak<Trie<T>>,
     id: u64,
     active: AtomicBool,
-    trie: Weak<Trie<T>>,
-    filter: Arc<str>,
     pub(crate) sink: S,
 }
 
 impl<T, S> Subscriber<T, S> {
-    pub(crate) fn new(id: u64, trie: Weak<Trie<T>>, filter: Arc<str>, sink: S) -> Self {
+    pub(crate) fn new(id: u64, trie: Weak<Trie<T>>, sink: S) -> Self {
         Self {
+            trie,
             id,
             active: AtomicBool::new(true),
-            trie,
-            filter,
             sink,
         }
     }
@@ -78,16 +79,20 @@ pub(crate) type HandlerEntry<T> = Arc<Subscriber<T, dyn Sink<T>>>;
 /// How an entry with a sink of this type leaves the trie: the three sink
 /// types live in different sets.
 pub(crate) trait SinkKind<T>: Sized + 'static {
-    fn remove(trie: &Trie<T>, entry: &Subscriber<T, Self>) -> bool;
+    fn remove(trie: &Trie<T>, filter: &str, entry: &Subscriber<T, Self>) -> bool;
 }
 
-fn remove_handler<T: 'static>(trie: &Trie<T>, entry: &Subscriber<T, dyn Sink<T>>) -> bool {
-    trie.remove::<Handlers>(&entry.filter, entry)
+fn remove_handler<T: 'static>(
+    trie: &Trie<T>,
+    filter: &str,
+    entry: &Subscriber<T, dyn Sink<T>>,
+) -> bool {
+    trie.remove::<Handlers>(filter, entry)
 }
 
 impl<T: 'static, H: Handler<T>> SinkKind<T> for SyncSink<H> {
-    fn remove(trie: &Trie<T>, entry: &Subscriber<T, Self>) -> bool {
-        remove_handler(trie, entry)
+    fn remove(trie: &Trie<T>, filter: &str, entry: &Subscriber<T, Self>) -> bool {
+        remove_handler(trie, filter, entry)
     }
 }
 
@@ -97,14 +102,14 @@ where
     F: Fn(Arc<Message<T>>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    fn remove(trie: &Trie<T>, entry: &Subscriber<T, Self>) -> bool {
-        remove_handler(trie, entry)
+    fn remove(trie: &Trie<T>, filter: &str, entry: &Subscriber<T, Self>) -> bool {
+        remove_handler(trie, filter, entry)
     }
 }
 
 impl<T: Send + Sync + 'static> SinkKind<T> for Mailbox<T> {
-    fn remove(trie: &Trie<T>, entry: &Subscriber<T, Self>) -> bool {
-        trie.remove::<Streams>(&entry.filter, entry)
+    fn remove(trie: &Trie<T>, filter: &str, entry: &Subscriber<T, Self>) -> bool {
+        trie.remove::<Streams>(filter, entry)
     }
 }
 
@@ -114,13 +119,9 @@ impl<T: Send + Sync + 'static, S: SinkKind<T> + Send + Sync> Control for Subscri
         self.id
     }
 
-    fn filter(&self) -> &str {
-        &self.filter
-    }
-
-    fn remove(&self) -> bool {
+    fn remove(&self, filter: &str) -> bool {
         match self.trie.upgrade() {
-            Some(trie) => S::remove(&trie, self),
+            Some(trie) => S::remove(&trie, filter, self),
             None => self.deactivate(),
         }
     }

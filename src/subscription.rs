@@ -70,9 +70,9 @@ where
 /// handle needs no `T`.
 pub(crate) trait Control: Send + Sync {
     fn id(&self) -> u64;
-    fn filter(&self) -> &str;
-    /// Unsubscribes. False if it already was.
-    fn remove(&self) -> bool;
+    /// Unsubscribes from `filter` (the one it subscribed with). False if it
+    /// already was.
+    fn remove(&self, filter: &str) -> bool;
 }
 
 /// A live subscription. Dropping it unsubscribes.
@@ -99,12 +99,18 @@ pub(crate) trait Control: Send + Sync {
 #[must_use = "dropping a Subscription unsubscribes it at once; call .detach() to keep it for the life of the bus"]
 pub struct Subscription {
     entry: Arc<dyn Control>,
+    /// Shared with the trie node: no allocation per subscription.
+    filter: Arc<str>,
     armed: bool,
 }
 
 impl Subscription {
-    pub(crate) fn new(entry: Arc<dyn Control>) -> Self {
-        Self { entry, armed: true }
+    pub(crate) fn new(entry: Arc<dyn Control>, filter: Arc<str>) -> Self {
+        Self {
+            entry,
+            filter,
+            armed: true,
+        }
     }
 
     /// The subscription's id, unique within its bus.
@@ -114,7 +120,7 @@ impl Subscription {
 
     /// The filter it subscribed with.
     pub fn filter(&self) -> &str {
-        self.entry.filter()
+        &self.filter
     }
 
     /// Unsubscribes (the same as dropping it, but explicit).
@@ -125,7 +131,7 @@ impl Subscription {
     /// Unsubscribes now, leaving an inert handle.
     pub(crate) fn remove_now(&mut self) {
         if std::mem::take(&mut self.armed) {
-            self.entry.remove();
+            self.entry.remove(&self.filter);
         }
     }
 

@@ -208,12 +208,7 @@ mod tests {
     use super::*;
 
     fn entry(id: u64) -> Arc<Subscriber<(), u64>> {
-        Arc::new(Subscriber::new(
-            id,
-            std::sync::Weak::new(),
-            Arc::from("f"),
-            id,
-        ))
+        Arc::new(Subscriber::new(id, std::sync::Weak::new(), id))
     }
 
     fn ids(set: &SubSet<(), u64>) -> Vec<u64> {

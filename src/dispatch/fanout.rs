@@ -174,27 +174,29 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             let (set_index, offset, set_end) = sets.locate(p.current);
             let stop = p.claim_end.min(set_end);
             let set = &self.route.handlers[set_index];
-            let slots = set.runs(offset..offset + (stop - p.current)).flatten();
-            for slot in slots {
-                match slot.get() {
-                    Some(entry) if entry.is_active() => {
-                        if let Some(started) = entry.sink.deliver(&self.message) {
-                            if let Some(future) = pending::first_poll(started, env.handle.as_ref())
-                            {
-                                // Not finished: the runner takes it over, with
-                                // its accounting.
-                                p.handed_over += 1;
-                                p.not_delivered += 1;
-                                p.current += 1;
-                                runner.pending(future, tally);
-                                continue;
+            for run in set.runs(offset..offset + (stop - p.current)) {
+                for slot in run {
+                    match slot.get() {
+                        Some(entry) if entry.is_active() => {
+                            if let Some(started) = entry.sink.deliver(&self.message) {
+                                if let Some(future) =
+                                    pending::first_poll(started, env.handle.as_ref())
+                                {
+                                    // Not finished: the runner takes it over, with
+                                    // its accounting.
+                                    p.handed_over += 1;
+                                    p.not_delivered += 1;
+                                    p.current += 1;
+                                    runner.pending(future, tally);
+                                    continue;
+                                }
                             }
                         }
+                        // Unsubscribed since the publish (or never published).
+                        _ => p.not_delivered += 1,
                     }
-                    // Unsubscribed since the publish (or never published).
-                    _ => p.not_delivered += 1,
+                    p.current += 1;
                 }
-                p.current += 1;
             }
         }
     }
