@@ -8,10 +8,11 @@
 //! delivery to a subscription that lived through its publish.
 //!
 //! The counters also carry the close barrier, in one atomic word (`work`):
-//! a `CLOSED` bit and a count of outstanding work — accepted deliveries not
-//! yet finished, plus one token per publish between its admission and its
-//! hand-off. A publish is admitted by adding its token and reading the bit
-//! in the same atomic add; `close` sets the bit with one atomic or and then
+//! a `CLOSED` bit, a count of publish *tokens* (one per publish between its
+//! admission and its hand-off) and a count of accepted deliveries not yet
+//! finished, in separate bit fields. A publish is admitted by adding its
+//! token and reading the bit in the same atomic add, and hands off by turning
+//! its token into its deliveries in one more; `close` sets the bit with one atomic or and then
 //! waits for the count to reach zero. Because both facts live in one word,
 //! every operation on it is totally ordered: either the publish saw the bit
 //! and backs out, or `close` counts it and waits for it. (Two separate
@@ -60,8 +61,13 @@ pub struct Stats {
     pub subscriptions: u64,
 }
 
-/// The `work` word's closed bit; the rest is the outstanding count.
+/// The `work` word: bit 63 is `CLOSED`, bits 40–62 count publish tokens,
+/// bits 0–39 count deliveries in flight (up to about 10^12).
 const CLOSED: u64 = 1 << 63;
+/// One publish token.
+const TOKEN: u64 = 1 << 40;
+/// The deliveries field.
+const DELIVERIES: u64 = TOKEN - 1;
 
 /// The shared atomics. Hot ones get a cache line each.
 pub(crate) struct Counters {
@@ -70,7 +76,7 @@ pub(crate) struct Counters {
     dropped: AtomicU64,
     handler_panics: AtomicU64,
     caller_runs: AtomicU64,
-    /// `CLOSED` | outstanding deliveries and admitted publishes.
+    /// `CLOSED` | publish tokens | deliveries in flight; see [`CLOSED`].
     work: CachePadded<AtomicU64>,
     drain_lock: Mutex<()>,
     drained: Condvar,
@@ -90,11 +96,12 @@ impl PublishGuard<'_> {
         if deliveries == 0 || !self.token_held {
             return;
         }
-        if deliveries > 1 {
-            self.counters
-                .work
-                .fetch_add(deliveries as u64 - 1, Ordering::AcqRel);
-        }
+        // Adds the deliveries and removes the token in one step (wrapping
+        // arithmetic: the token field is at least one, so nothing borrows
+        // into the closed bit).
+        self.counters
+            .work
+            .fetch_add((deliveries as u64).wrapping_sub(TOKEN), Ordering::AcqRel);
         self.token_held = false;
     }
 }
@@ -102,7 +109,7 @@ impl PublishGuard<'_> {
 impl Drop for PublishGuard<'_> {
     fn drop(&mut self) {
         if self.token_held {
-            self.counters.release(1);
+            self.counters.release(TOKEN);
         }
     }
 }
@@ -134,9 +141,9 @@ impl Counters {
 
     /// Admits a publish unless the bus is closed.
     pub(crate) fn begin_publish(&self) -> Result<PublishGuard<'_>, Error> {
-        let before = self.work.fetch_add(1, Ordering::AcqRel);
+        let before = self.work.fetch_add(TOKEN, Ordering::AcqRel);
         if before & CLOSED != 0 {
-            self.release(1);
+            self.release(TOKEN);
             return Err(Error::Closed);
         }
         Ok(PublishGuard {
@@ -145,8 +152,8 @@ impl Counters {
         })
     }
 
-    /// Retires `n` units of outstanding work, waking `close` if they were the
-    /// last after it began.
+    /// Retires `n` (deliveries, or a `TOKEN`), waking `close` if that was the
+    /// last outstanding work after it began.
     fn release(&self, n: u64) {
         let before = self.work.fetch_sub(n, Ordering::AcqRel);
         if before == CLOSED | n {
@@ -194,9 +201,9 @@ impl Counters {
         self.caller_runs.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Deliveries accepted and not finished (plus publishes being admitted).
+    /// Deliveries accepted and not finished.
     pub(crate) fn inflight(&self) -> u64 {
-        self.work.load(Ordering::Acquire) & !CLOSED
+        self.work.load(Ordering::Acquire) & DELIVERIES
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
