@@ -18,7 +18,7 @@
 //! `PROPTEST_CASES` does not change them (they are set here), but the
 //! generators can be explored further by raising them locally.
 
-mod support;
+mod common;
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -346,7 +346,7 @@ proptest! {
 }
 
 /// A runtime for `subscribe_async`, shared by the test threads.
-static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| support::runtime(1));
+static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| common::runtime(1));
 
 thread_local! {
     /// One bus per test thread, shared by its cases (tests run in parallel,

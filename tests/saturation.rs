@@ -23,14 +23,14 @@
 //! publisher by definition). The full-size case is `#[ignore]`d:
 //! `cargo test --release --test saturation -- --ignored --nocapture`.
 
-mod support;
+mod common;
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blazesub::{Batch, Bus, DeliveryMode, Error, Message, Overflow, Subscription};
-use support::{runtime, wait_until, POLICIES};
+use common::{runtime, wait_until, POLICIES};
 
 const TOPIC: &str = "load/x";
 
@@ -309,7 +309,7 @@ fn saturated_inline_loses_nothing() {
 /// runner (`CallerRuns`), or cancelled and counted (`Drop`, `Error`).
 #[test]
 fn saturated_async_handlers_lose_nothing_silently() {
-    for mode in support::MODES {
+    for mode in common::MODES {
         for overflow in POLICIES {
             let outcome = run(Case {
                 overflow,

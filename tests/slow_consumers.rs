@@ -25,7 +25,7 @@
 //! must not hold up have run: were they stuck behind it, it would time out
 //! and the test fail, rather than hang.
 
-mod support;
+mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,7 +33,7 @@ use std::thread::ThreadId;
 use std::time::Duration;
 
 use blazesub::{Batch, Bus, BusBuilder, DeliveryMode, Error, Message, Overflow, Subscription};
-use support::{runtime, wait_until, Countdown, TimedBarrier, MODES, POLICIES};
+use common::{runtime, wait_until, Countdown, TimedBarrier, MODES, POLICIES};
 
 const WAIT: Duration = Duration::from_secs(10);
 /// What the other handlers take: real time, so a runner never claims a

@@ -21,7 +21,7 @@
 //! The normal run does 20,000 of each. Tests in this file run one at a time
 //! (they measure the whole process).
 
-mod support;
+mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::panic::{self, PanicHookInfo};
@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use blazesub::{Batch, Bus, DeliveryMode, Message, Overflow, Receiver, Subscription};
-use support::{rss_kib, runtime, wait_until, TimedBarrier};
+use common::{rss_kib, runtime, wait_until, TimedBarrier};
 
 // ---------------------------------------------------------------------------
 // Measuring the heap

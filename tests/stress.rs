@@ -30,7 +30,7 @@
 //! policies, mid-run subscriptions with exact lifetime windows, streams, a
 //! time budget, and `close` racing live publishers and subscribers.
 
-mod support;
+mod common;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use blazesub::topic::matches;
 use blazesub::{Batch, Bus, DeliveryMode, Error, Message, Receiver, Subscription, TryRecvError};
-use support::{env_number, runtime, within, BATCHES};
+use common::{env_number, runtime, within, BATCHES};
 
 const PUBLISHERS: usize = 2;
 const CHURNERS: usize = 2;
