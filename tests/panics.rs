@@ -7,27 +7,17 @@
 mod common;
 
 use std::panic::{self, PanicHookInfo};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use blazesub::{Batch, Bus, DeliveryMode, Message, Overflow, Subscription};
-use common::{wait_until, Hits, MODES};
+use common::{wait_until, Hits, QuietPanics, MODES};
 
 /// The payload of the panics these tests cause on purpose.
 const INTENTIONAL: &str = "intentional test panic";
 
 /// A non-string payload, for `panic_any`.
 struct IntentionalPayload;
-
-type Hook = Box<dyn Fn(&PanicHookInfo<'_>) + Sync + Send + 'static>;
-
-/// Silences the intentional panics (others still print, so a failing
-/// assertion is readable) and restores the previous hook when dropped. Tests
-/// take it one at a time: the hook is global.
-struct QuietPanics {
-    previous: Option<Arc<Hook>>,
-    _serial: MutexGuard<'static, ()>,
-}
 
 fn is_intentional(info: &PanicHookInfo<'_>) -> bool {
     let payload = info.payload();
@@ -36,38 +26,6 @@ fn is_intentional(info: &PanicHookInfo<'_>) -> bool {
         || payload
             .downcast_ref::<String>()
             .is_some_and(|s| s == INTENTIONAL)
-}
-
-impl QuietPanics {
-    fn install() -> Self {
-        static SERIAL: Mutex<()> = Mutex::new(());
-        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let previous: Arc<Hook> = Arc::new(panic::take_hook());
-        let delegate = Arc::clone(&previous);
-        panic::set_hook(Box::new(move |info| {
-            if !is_intentional(info) {
-                delegate(info);
-            }
-        }));
-        Self {
-            previous: Some(previous),
-            _serial: serial,
-        }
-    }
-}
-
-impl Drop for QuietPanics {
-    fn drop(&mut self) {
-        // A failing test is unwinding: the hook cannot be changed then, and
-        // the filtering one passes its message through anyway.
-        if std::thread::panicking() {
-            return;
-        }
-        if let Some(previous) = self.previous.take() {
-            let _quiet = panic::take_hook();
-            panic::set_hook(Box::new(move |info| previous(info)));
-        }
-    }
 }
 
 const N: u32 = 400;
@@ -88,7 +46,7 @@ fn settle(bus: &Bus<u32>, what: &str) {
 /// bus is still open and must still deliver; after the second it closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_handler_harms_nobody() {
-    let _quiet = QuietPanics::install();
+    let _quiet = QuietPanics::install(is_intentional);
     for mode in MODES {
         for (batch, threshold) in [
             (Batch::Chunked, 10_000),
@@ -184,7 +142,7 @@ async fn a_panicking_handler_harms_nobody() {
 /// and counted too, and `close` still drains.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_async_handler_is_caught_and_counted() {
-    let _quiet = QuietPanics::install();
+    let _quiet = QuietPanics::install(is_intentional);
     const M: u32 = 200;
     for mode in MODES {
         let bus = Bus::<u32>::builder()

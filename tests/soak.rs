@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use blazesub::{Batch, Bus, DeliveryMode, Message, Overflow, Receiver, Subscription};
-use common::{rss_kib, runtime, wait_until, TimedBarrier};
+use common::{rss_kib, runtime, wait_until, QuietPanics, TimedBarrier};
 
 // ---------------------------------------------------------------------------
 // Measuring the heap
@@ -346,43 +346,12 @@ fn a_million_subscribe_unsubscribe_cycles_leave_nothing_behind() {
 
 const INTENTIONAL: &str = "intentional soak panic";
 
-/// Silences the intentional panics (others still print) until dropped.
-struct QuietPanics {
-    previous: Option<Arc<Hook>>,
-}
-
-type Hook = Box<dyn Fn(&PanicHookInfo<'_>) + Sync + Send + 'static>;
-
-impl QuietPanics {
-    fn install() -> Self {
-        let previous = Arc::new(panic::take_hook());
-        let delegate = Arc::clone(&previous);
-        panic::set_hook(Box::new(move |info| {
-            let payload = info.payload();
-            let intentional = payload.downcast_ref::<&str>() == Some(&INTENTIONAL)
-                || payload
-                    .downcast_ref::<String>()
-                    .is_some_and(|s| s == INTENTIONAL);
-            if !intentional {
-                delegate(info);
-            }
-        }));
-        Self {
-            previous: Some(previous),
-        }
-    }
-}
-
-impl Drop for QuietPanics {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            return;
-        }
-        if let Some(previous) = self.previous.take() {
-            let _quiet = panic::take_hook();
-            panic::set_hook(Box::new(move |info| previous(info)));
-        }
-    }
+fn is_intentional(info: &PanicHookInfo<'_>) -> bool {
+    let payload = info.payload();
+    payload.downcast_ref::<&str>() == Some(&INTENTIONAL)
+        || payload
+            .downcast_ref::<String>()
+            .is_some_and(|s| s == INTENTIONAL)
 }
 
 const WORKERS: usize = 4;
@@ -533,7 +502,7 @@ fn check_tasks_after_panics(n: u32) {
 
 fn check_panics(n: u32) {
     let _serial = serial();
-    let _quiet = QuietPanics::install();
+    let _quiet = QuietPanics::install(is_intentional);
     for batch in [Batch::Single, Batch::Chunked] {
         check_pool_after_panics(n, batch);
     }

@@ -249,3 +249,45 @@ pub fn env_number(name: &str, default: u64) -> u64 {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(default)
 }
+
+type Hook = Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send + 'static>;
+
+/// Silences the panics `intentional` recognises (others still print, so a
+/// failing assertion stays readable) and restores the previous hook when
+/// dropped. The hook is global, so holders take turns.
+pub struct QuietPanics {
+    previous: Option<std::sync::Arc<Hook>>,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl QuietPanics {
+    pub fn install(intentional: fn(&std::panic::PanicHookInfo<'_>) -> bool) -> Self {
+        static SERIAL: Mutex<()> = Mutex::new(());
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let previous: std::sync::Arc<Hook> = std::sync::Arc::new(std::panic::take_hook());
+        let delegate = std::sync::Arc::clone(&previous);
+        std::panic::set_hook(Box::new(move |info| {
+            if !intentional(info) {
+                delegate(info);
+            }
+        }));
+        Self {
+            previous: Some(previous),
+            _serial: serial,
+        }
+    }
+}
+
+impl Drop for QuietPanics {
+    fn drop(&mut self) {
+        // A failing test is unwinding: the hook cannot be changed then, and
+        // the filtering one passes its message through anyway.
+        if std::thread::panicking() {
+            return;
+        }
+        if let Some(previous) = self.previous.take() {
+            let _quiet = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| previous(info)));
+        }
+    }
+}
