@@ -308,8 +308,10 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let message = Arc::new(Message::stamped(Arc::clone(&route.topic), data, metadata));
         counters.published();
         let mut matched = push_to_streams(&route, &message, counters);
-        matched += route.handlers.iter().map(|set| set.live()).sum::<usize>();
-        if let Some(job) = Fanout::new(message, route, &inner.policy) {
+        let sets = route.handler_sets();
+        drop(route);
+        matched += sets.iter().map(|set| set.live()).sum::<usize>();
+        if let Some(job) = Fanout::new(message, sets, &inner.policy) {
             admitted.accept(job.total());
             let dropped = inner.dispatcher.dispatch(job, &inner.env);
             if dropped > 0 && inner.config.overflow == Overflow::Error {
@@ -400,7 +402,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
 fn push_to_streams<T>(route: &Route<T>, message: &Arc<Message<T>>, counters: &Counters) -> usize {
     let mut matched = 0;
     let mut dropped = 0;
-    for set in route.streams.iter() {
+    route.for_each_stream_set(|set| {
         for entry in set.entries(set.len()) {
             if !entry.is_active() {
                 continue;
@@ -411,7 +413,7 @@ fn push_to_streams<T>(route: &Route<T>, message: &Arc<Message<T>>, counters: &Co
                 Pushed::DisplacedOldest | Pushed::Closed => dropped += 1,
             }
         }
-    }
+    });
     if dropped > 0 {
         counters.dropped_now(dropped);
     }

@@ -63,7 +63,7 @@ fn insert(trie: &Trie<u32>, filter: &str, entry: HandlerEntry<u32>) {
 /// Ids of the active handler subscriptions a route reaches.
 fn active_ids(route: &Route<u32>) -> Vec<u64> {
     route
-        .handlers
+        .handler_sets()
         .iter()
         .flat_map(|set| set.entries(set.len()))
         .filter(|entry| entry.is_active())
@@ -236,8 +236,8 @@ fn loom_pool_delivers_everything_and_stops() {
         let policy = Policy::new(&config);
         for value in 0..2 {
             let mut admitted = env.counters.begin_publish().unwrap();
-            let route = cache.route(&trie, "t");
-            let job = Fanout::new(Arc::new(Message::new("t", value)), route, &policy).unwrap();
+            let sets = cache.route(&trie, "t").handler_sets();
+            let job = Fanout::new(Arc::new(Message::new("t", value)), sets, &policy).unwrap();
             admitted.accept(job.total());
             assert_eq!(dispatcher.dispatch(job, &env), 0);
         }

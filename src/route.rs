@@ -20,16 +20,43 @@ use std::sync::Arc;
 
 use rustc_hash::FxBuildHasher;
 
+use smallvec::SmallVec;
+
 use crate::subset::{HandlerSet, StreamSet};
 use crate::sync::OptionArcCell;
-use crate::trie::Trie;
+use crate::trie::{NodeSubs, Trie};
 
-/// What one topic name reaches.
+/// The handler sets one publish reaches, loaded from its route's nodes.
+/// Inline up to four (a topic rarely matches more filters): no allocation.
+pub(crate) type HandlerSets<T> = SmallVec<[Arc<HandlerSet<T>>; 4]>;
+
+/// What one topic name reaches: the trie nodes whose filters match it. A
+/// route holds nodes, not their subscriber sets, so a set that grows or is
+/// compacted needs no new route, and a cached route never keeps an old set
+/// (or the removed entries in it) alive.
 pub(crate) struct Route<T> {
     pub(crate) generation: u64,
     pub(crate) topic: Arc<str>,
-    pub(crate) handlers: Box<[Arc<HandlerSet<T>>]>,
-    pub(crate) streams: Box<[Arc<StreamSet<T>>]>,
+    nodes: Box<[Arc<NodeSubs<T>>]>,
+}
+
+impl<T> Route<T> {
+    /// The current handler sets of the route's nodes (empty ones left out).
+    #[inline]
+    pub(crate) fn handler_sets(&self) -> HandlerSets<T> {
+        self.nodes
+            .iter()
+            .filter_map(|node| node.handler_set())
+            .collect()
+    }
+
+    /// Runs `f` on the current stream set of each of the route's nodes.
+    #[inline]
+    pub(crate) fn for_each_stream_set(&self, mut f: impl FnMut(&StreamSet<T>)) {
+        for node in self.nodes.iter() {
+            node.with_streams(&mut f);
+        }
+    }
 }
 
 pub(crate) struct RouteCache<T> {
@@ -91,7 +118,6 @@ fn build<T: 'static>(trie: &Trie<T>, topic: &str) -> Route<T> {
     Route {
         generation: matched.generation,
         topic: Arc::from(topic),
-        handlers: matched.handlers.into_boxed_slice(),
-        streams: matched.streams.into_boxed_slice(),
+        nodes: matched.nodes.into_boxed_slice(),
     }
 }

@@ -4,7 +4,7 @@
 //! generation check, the subscriber sets' publication of new entries, the
 //! stream mailbox's close and lost count, the pool's shutdown) imports its
 //! atomics and cells from here rather than from `std`. Under `--cfg loom`
-//! this module swaps in loom's types, so the model checks in `tests/loom_*.rs`
+//! this module swaps in loom's types, so the model checks in `src/loom_tests.rs`
 //! run the real code instead of a copy of it (the approach of tokio's
 //! `crate::loom`).
 //!
@@ -285,6 +285,12 @@ mod cell {
         pub(crate) fn store(&self, value: Arc<T>) {
             self.0.store(value);
         }
+
+        /// Replaces the value, handing the old one back so the caller decides
+        /// where it is dropped (the trie drops it after releasing its lock).
+        pub(crate) fn swap(&self, value: Arc<T>) -> Arc<T> {
+            self.0.swap(value)
+        }
     }
 
     /// An `Option<Arc<T>>` that can be replaced while other threads read it.
@@ -328,6 +334,10 @@ mod cell {
 
         pub(crate) fn store(&self, value: Arc<T>) {
             *self.0.lock().unwrap() = value;
+        }
+
+        pub(crate) fn swap(&self, value: Arc<T>) -> Arc<T> {
+            std::mem::replace(&mut *self.0.lock().unwrap(), value)
         }
     }
 

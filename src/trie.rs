@@ -9,16 +9,31 @@
 //!   copies the path from the root to that node, sharing everything else
 //!   (children maps are persistent hash maps, so even a node with a million
 //!   children is updated in O(log n)), then stores the new root.
+//! - **No user code runs under the writer lock.** Whatever a writer replaces
+//!   (an old root, an old subscriber set, a pruned node's subscriptions) may
+//!   hold the last reference to a removed subscription's entry, and dropping
+//!   that drops the user's closure — which may own another `Subscription`
+//!   and unsubscribe it, taking this lock again. Writers therefore collect
+//!   what they replace in a [`Released`] list and drop it after unlocking.
 //! - **Subscriber sets are shared, not copied**: every node version points to
 //!   the same [`NodeSubs`], whose [`SubSet`]s accept appends in place (see
-//!   `subset.rs`). So subscribing to an existing filter is an append.
+//!   `subset.rs`). So subscribing to an existing filter is an append. A
+//!   cached route holds the `NodeSubs`, never a set, and loads the current
+//!   set on every publish: a set that grows or is compacted is picked up
+//!   at once, and an old set is pinned only by publishes still running on it.
+//! - **Removed entries are released promptly.** A set is compacted (rebuilt
+//!   from its live entries) on every removal while it is small
+//!   ([`EAGER_COMPACTION_LEN`] entries or fewer), and once a quarter of it is
+//!   dead otherwise, so each removal costs O(1) copies on average; a pruned
+//!   node's sets are emptied. A removed handler's closure is therefore
+//!   dropped once the publishes already running on its old set finish.
 //! - **The generation** is bumped, after the change is visible, whenever a
-//!   reader's earlier result may no longer be complete: a new root, or a
-//!   subscriber set replaced by a rebuilt one. Appends and removals do not bump
-//!   it: cached routes hold the sets themselves and read their length on every
-//!   publish, and a removed subscription's flag stops its deliveries. A route
-//!   built after reading generation `g` is therefore valid for as long as the
-//!   generation is still `g` (`route.rs` relies on this).
+//!   reader's earlier result may no longer be complete: a new root (a node
+//!   created or pruned). Appends, growth, compaction and removals do not bump
+//!   it (routes load the sets anew; a removed subscription's flag stops its
+//!   deliveries). A route built after reading generation `g` is therefore
+//!   valid for as long as the generation is still `g` (`route.rs` relies on
+//!   this).
 //!
 //! Matching follows MQTT (see `topic.rs`): `+` matches one level, `#` any
 //! number including none, and first-level wildcards skip `$` topics.
@@ -34,8 +49,14 @@ use crate::subset::{HandlerSet, StreamSet, SubSet};
 use crate::sync::{ArcCell, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::topic::is_system_topic;
 
-/// Dead entries a set tolerates before it is rebuilt, whatever its size.
-const MIN_DEAD_BEFORE_REBUILD: usize = 8;
+/// A set this long or shorter is compacted on every removal, so a removed
+/// entry (and the closure it owns) is released at once; copying this many
+/// entries costs well under a microsecond.
+pub(crate) const EAGER_COMPACTION_LEN: usize = 64;
+
+/// Things a writer replaced, dropped once the writer lock is released (see
+/// the module docs).
+type Released = Vec<Box<dyn std::any::Any>>;
 
 type Children<T> =
     imbl::GenericHashMap<Arc<str>, Arc<Node<T>>, FxBuildHasher, imbl::shared_ptr::DefaultSharedPtr>;
@@ -116,6 +137,19 @@ impl<T> NodeSubs<T> {
     fn live(&self) -> usize {
         self.handlers.with(|s| s.live()) + self.streams.with(|s| s.live())
     }
+
+    /// The node's current handler set, if it has any entries.
+    #[inline]
+    pub(crate) fn handler_set(&self) -> Option<Arc<HandlerSet<T>>> {
+        self.handlers
+            .with(|set| (set.len() > 0).then(|| Arc::clone(set)))
+    }
+
+    /// Runs `f` on the node's current stream set.
+    #[inline]
+    pub(crate) fn with_streams<R>(&self, f: impl FnOnce(&StreamSet<T>) -> R) -> R {
+        self.streams.with(|set| f(set))
+    }
 }
 
 /// Which of a node's two sets an operation is about.
@@ -143,11 +177,10 @@ impl<T: 'static> SetKind<T> for Streams {
     }
 }
 
-/// The sets a topic name reaches, as of generation `generation`.
+/// The nodes a topic name reaches, as of generation `generation`.
 pub(crate) struct Matched<T> {
     pub(crate) generation: u64,
-    pub(crate) handlers: Vec<Arc<HandlerSet<T>>>,
-    pub(crate) streams: Vec<Arc<StreamSet<T>>>,
+    pub(crate) nodes: Vec<Arc<NodeSubs<T>>>,
 }
 
 /// State only the writer touches.
@@ -211,8 +244,7 @@ impl<T: 'static> Trie<T> {
         let generation = self.generation();
         let mut matched = Matched {
             generation,
-            handlers: Vec::new(),
-            streams: Vec::new(),
+            nodes: Vec::new(),
         };
         let root = self.root.load_full();
         collect(&root, topic, &mut matched);
@@ -230,24 +262,36 @@ impl<T: 'static> Trie<T> {
         filter: &str,
         make: impl FnOnce(Arc<str>) -> Arc<Subscriber<T, K::Sink>>,
     ) -> Result<(), InsertError> {
-        let mut writer = self.lock();
+        let mut released = Released::new();
+        // Passed by reference: if the bus is closed, the entry-maker (which
+        // owns the user's closure) is dropped here, after the lock, too.
+        let mut make = Some(make);
+        let result = self.insert_locked::<K>(&mut self.lock(), filter, &mut make, &mut released);
+        drop(released);
+        result
+    }
+
+    fn insert_locked<K: SetKind<T>>(
+        &self,
+        writer: &mut Writer<T>,
+        filter: &str,
+        make: &mut Option<impl FnOnce(Arc<str>) -> Arc<Subscriber<T, K::Sink>>>,
+        released: &mut Released,
+    ) -> Result<(), InsertError> {
         if writer.closed {
             return Err(InsertError::Closed);
         }
+        let make = make.take().expect("insert_locked runs once per insert");
         self.subscriptions.fetch_add(1, Ordering::Relaxed);
         if let Some(subs) = writer.by_filter.get(filter) {
             let cell = K::cell(subs);
             let entry = make(Arc::clone(&subs.filter));
-            let grew = cell.with(|set| match set.try_push(entry) {
-                Ok(()) => false,
-                Err(entry) => {
-                    cell.store(Arc::new(set.grown(entry)));
-                    true
-                }
-            });
-            if grew {
-                self.bump();
+            let set = cell.load_full();
+            if let Err(entry) = set.try_push(entry) {
+                // Routes hold the node, not the set: no generation bump.
+                released.push(Box::new(cell.swap(Arc::new(set.grown(entry)))));
             }
+            released.push(Box::new(set));
             return Ok(());
         }
         let subs = Arc::new(NodeSubs::new(filter));
@@ -259,19 +303,34 @@ impl<T: 'static> Trie<T> {
         let root = self.root.load_full();
         let mut created = 0isize;
         let new_root = with_subs(&root, filter.split('/'), Some(subs), &mut created);
-        self.replace_root(new_root, created);
+        released.push(Box::new(root));
+        self.replace_root(new_root, created, released);
         Ok(())
     }
 
     /// Removes a subscription added under `filter`: clears its flag, so no
     /// delivery that has not started will run, then tidies the trie. Returns
-    /// whether this call removed it (false if it already was).
+    /// whether this call removed it (false if it already was). What it
+    /// releases (possibly the entry's last reference, and with it the user's
+    /// closure) is dropped after the writer lock is released.
     pub(crate) fn remove<K: SetKind<T>>(
         &self,
         filter: &str,
         entry: &Subscriber<T, K::Sink>,
     ) -> bool {
-        let mut writer = self.lock();
+        let mut released = Released::new();
+        let removed = self.remove_locked::<K>(&mut self.lock(), filter, entry, &mut released);
+        drop(released);
+        removed
+    }
+
+    fn remove_locked<K: SetKind<T>>(
+        &self,
+        writer: &mut Writer<T>,
+        filter: &str,
+        entry: &Subscriber<T, K::Sink>,
+        released: &mut Released,
+    ) -> bool {
         // Deactivating under the writer lock keeps each set's `live` count
         // exact: a rebuild (also under the lock) sees the flag and the count
         // agree.
@@ -285,21 +344,31 @@ impl<T: 'static> Trie<T> {
         let cell = K::cell(&subs);
         let set = cell.load_full();
         set.count_removed();
+        debug_assert!(
+            set.live() <= set.len(),
+            "live entries exceed the set's length"
+        );
         if subs.live() == 0 {
             writer.by_filter.remove(filter);
+            // Routes may still hold this node: empty it, so they pin nothing.
+            released.push(Box::new(subs.handlers.swap(Arc::new(SubSet::empty()))));
+            released.push(Box::new(subs.streams.swap(Arc::new(SubSet::empty()))));
             let root = self.root.load_full();
             let mut created = 0isize;
             let new_root = with_subs(&root, filter.split('/'), None, &mut created);
-            self.replace_root(new_root, created);
-        } else if set.live() == 0 || set.dead() >= MIN_DEAD_BEFORE_REBUILD.max(set.live()) {
-            cell.store(Arc::new(set.compacted()));
-            self.bump();
+            released.push(Box::new(root));
+            self.replace_root(new_root, created, released);
+        } else if set.len() <= EAGER_COMPACTION_LEN || set.dead() * 4 >= set.len() {
+            released.push(Box::new(cell.swap(Arc::new(set.compacted()))));
         }
+        released.push(Box::new(subs));
+        released.push(Box::new(set));
         true
     }
 
-    fn replace_root(&self, root: Option<Node<T>>, created: isize) {
-        self.root.store(Arc::new(root.unwrap_or_else(Node::empty)));
+    fn replace_root(&self, root: Option<Node<T>>, created: isize, released: &mut Released) {
+        let old = self.root.swap(Arc::new(root.unwrap_or_else(Node::empty)));
+        released.push(Box::new(old));
         self.bump();
         if created >= 0 {
             self.nodes
@@ -394,16 +463,8 @@ fn with_subs<T>(
 }
 
 fn add_node<T>(node: &Node<T>, out: &mut Matched<T>) {
-    let Some(subs) = &node.subs else { return };
-    // An empty set has no room: its first subscriber replaces it and bumps
-    // the generation, so leaving it out of a route is safe.
-    let handlers = subs.handlers.load_full();
-    if handlers.capacity() > 0 {
-        out.handlers.push(handlers);
-    }
-    let streams = subs.streams.load_full();
-    if streams.capacity() > 0 {
-        out.streams.push(streams);
+    if let Some(subs) = &node.subs {
+        out.nodes.push(Arc::clone(subs));
     }
 }
 

@@ -30,7 +30,7 @@ use smallvec::SmallVec;
 
 use super::{pending, report_panic, Env, Plan, Policy};
 use crate::message::Message;
-use crate::route::Route;
+use crate::route::HandlerSets;
 use crate::stats::Tally;
 use crate::subscriber::{BoxFuture, HandlerEntry};
 use crate::subset::HandlerSet;
@@ -48,7 +48,7 @@ type Lens = SmallVec<[usize; 4]>;
 /// One publish's handler deliveries, shared by the runners working on it.
 pub(crate) struct Fanout<T> {
     message: Arc<Message<T>>,
-    route: Arc<Route<T>>,
+    sets: HandlerSets<T>,
     lens: Lens,
     total: usize,
     plan: Plan,
@@ -92,17 +92,17 @@ impl<T: Send + Sync + 'static> Fanout<T> {
     /// The job for `message`, or `None` if it reaches no handler.
     pub(crate) fn new(
         message: Arc<Message<T>>,
-        route: Arc<Route<T>>,
+        sets: HandlerSets<T>,
         policy: &Policy,
     ) -> Option<Self> {
-        let lens: Lens = route.handlers.iter().map(|set| set.len()).collect();
+        let lens: Lens = sets.iter().map(|set| set.len()).collect();
         let total = lens.iter().sum();
         if total == 0 {
             return None;
         }
         Some(Self {
             message,
-            route,
+            sets,
             lens,
             total,
             plan: policy.plan(total),
@@ -173,7 +173,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             }
             let (set_index, offset, set_end) = sets.locate(p.current);
             let stop = p.claim_end.min(set_end);
-            let set = &self.route.handlers[set_index];
+            let set = &self.sets[set_index];
             for run in set.runs(offset..offset + (stop - p.current)) {
                 for slot in run {
                     match slot.get() {
@@ -287,8 +287,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
     ) -> impl Iterator<Item = (&HandlerSet<T>, Range<usize>)> {
         let mut skip = deliveries.start;
         let mut left = deliveries.len();
-        self.route
-            .handlers
+        self.sets
             .iter()
             .zip(self.lens.iter())
             .filter_map(move |(set, &len)| {

@@ -1,0 +1,217 @@
+//! The edges a service meets (DESIGN.md §6), through the public API, in
+//! every delivery mode: drops that must not deadlock, unsubscribing that
+//! releases what a handler owns, shutdown and cancellation that lose nothing
+//! uncounted, and the ergonomics of subscribing. Each test would hang or fail
+//! on the code before the fix it covers; every step that could hang runs
+//! under a time limit and fails instead.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use blazesub::{Bus, DeliveryMode, Message, Subscription};
+use common::{runtime, wait_until, within, MODES};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn bus_on(mode: DeliveryMode, rt: &tokio::runtime::Runtime) -> Bus<u32> {
+    Bus::<u32>::builder()
+        .delivery(mode)
+        .workers(2)
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap()
+}
+
+fn quiet(bus: &Bus<u32>) {
+    assert!(
+        wait_until(LIMIT, || bus.inflight_messages() == 0),
+        "deliveries still in flight: {:?}",
+        bus.stats()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 1. Drops never deadlock.
+// ---------------------------------------------------------------------------
+
+/// Handler A on `x` owns a `Subscription` C on `y`; handler B is also on
+/// `x`. Dropping A and then B releases A's entry, whose closure drops C,
+/// whose drop unsubscribes from the same trie: this must not run while the
+/// trie's writer lock is held. With and without a warm route cache.
+#[test]
+fn dropping_a_handler_that_owns_a_subscription_does_not_deadlock() {
+    for mode in MODES {
+        for warm in [false, true] {
+            let what = format!("{mode:?}, warm cache: {warm}");
+            let rt = runtime(2);
+            let bus = bus_on(mode, &rt);
+            let probe = bus.clone();
+            within(LIMIT, &what, move || {
+                let c = bus.subscribe("y", |_: &Message<u32>| {}).unwrap();
+                let a = bus
+                    .subscribe("x", move |_: &Message<u32>| {
+                        let _owned = &c;
+                    })
+                    .unwrap();
+                let b = bus.subscribe("x", |_: &Message<u32>| {}).unwrap();
+                if warm {
+                    bus.publish("x", 1).unwrap();
+                    bus.publish("y", 1).unwrap();
+                    quiet(&bus);
+                }
+                drop(a);
+                drop(b);
+            });
+            assert!(
+                wait_until(LIMIT, || probe.subscriptions_count() == 0),
+                "{what}: {} subscriptions left",
+                probe.subscriptions_count()
+            );
+        }
+    }
+}
+
+/// The same through compaction: a hundred handlers on one filter, the first
+/// owning a subscription elsewhere; removing them one by one compacts the set
+/// several times, and the compaction that releases the first one's entry
+/// must not hold the lock while its closure is dropped.
+#[test]
+fn compaction_that_releases_an_owning_handler_does_not_deadlock() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = bus_on(mode, &rt);
+        let probe = bus.clone();
+        within(LIMIT, &format!("{mode:?}"), move || {
+            let owned = bus.subscribe("elsewhere", |_: &Message<u32>| {}).unwrap();
+            let mut subs: Vec<Subscription> = Vec::new();
+            subs.push(
+                bus.subscribe("x", move |_: &Message<u32>| {
+                    let _owned = &owned;
+                })
+                .unwrap(),
+            );
+            for _ in 0..99 {
+                subs.push(bus.subscribe("x", |_: &Message<u32>| {}).unwrap());
+            }
+            bus.publish("x", 1).unwrap();
+            quiet(&bus);
+            for sub in subs {
+                drop(sub);
+            }
+        });
+        assert!(
+            wait_until(LIMIT, || probe.subscriptions_count() == 0),
+            "{mode:?}: {} subscriptions left",
+            probe.subscriptions_count()
+        );
+    }
+}
+
+/// A handler owning a clone of its own bus (a cycle through the trie) is
+/// released on unsubscribe, and dropping the last outside handle then drops
+/// the bus.
+#[test]
+fn a_handler_owning_its_bus_makes_no_cycle() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = bus_on(mode, &rt);
+        let token = Arc::new(());
+        let witness = Arc::clone(&token);
+        let inner = bus.clone();
+        let sub = bus
+            .subscribe("loop", move |_: &Message<u32>| {
+                let _keep = (&inner, &witness);
+            })
+            .unwrap();
+        bus.publish("loop", 1).unwrap();
+        quiet(&bus);
+        within(LIMIT, &format!("{mode:?}"), move || drop(sub));
+        assert!(
+            wait_until(LIMIT, || Arc::strong_count(&token) == 1),
+            "{mode:?}: the handler (and the bus clone it owns) was never dropped"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 2. Unsubscribing releases what the handler owns.
+// ---------------------------------------------------------------------------
+
+/// A handler that captured a tokio `mpsc::Sender`: once its subscription is
+/// dropped (and its deliveries have finished), the receiver sees `None`,
+/// whether the handler was alone on its filter behind a warm route-cache
+/// slot, or one of several live subscribers on it.
+#[test]
+fn dropping_a_subscription_drops_its_closure() {
+    for mode in MODES {
+        for others in [0usize, 5, 40] {
+            let what = format!("{mode:?} beside {others} others");
+            let rt = runtime(2);
+            let bus = bus_on(mode, &rt);
+            let _others: Vec<Subscription> = (0..others)
+                .map(|_| bus.subscribe("t/+", |_: &Message<u32>| {}).unwrap())
+                .collect();
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u32>();
+            let sub = bus
+                .subscribe("t/+", move |m: &Message<u32>| {
+                    let _ = tx.send(*m.data());
+                })
+                .unwrap();
+            // Warm the route cache with a route that reaches the handler.
+            bus.publish("t/a", 7).unwrap();
+            quiet(&bus);
+            drop(sub);
+            let closed = rt.block_on(async {
+                tokio::time::timeout(LIMIT, async {
+                    assert_eq!(rx.recv().await, Some(7), "{what}");
+                    rx.recv().await
+                })
+                .await
+            });
+            assert_eq!(closed, Ok(None), "{what}: the sender was never dropped");
+            // The others still work.
+            if others > 0 {
+                assert_eq!(bus.publish("t/a", 8).unwrap(), others, "{what}");
+            }
+        }
+    }
+}
+
+/// Same for a stream of handlers on one filter, each captured value released
+/// once its own subscription is gone, with publishes running all along.
+#[test]
+fn closures_are_released_while_publishes_run() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = bus_on(mode, &rt);
+        let delivered = Arc::new(AtomicU64::new(0));
+        let tokens: Vec<Arc<()>> = (0..20).map(|_| Arc::new(())).collect();
+        let mut subs: Vec<Subscription> = tokens
+            .iter()
+            .map(|token| {
+                let token = Arc::clone(token);
+                let delivered = Arc::clone(&delivered);
+                bus.subscribe("busy", move |_: &Message<u32>| {
+                    let _keep = &token;
+                    delivered.fetch_add(1, Ordering::Relaxed);
+                })
+                .unwrap()
+            })
+            .collect();
+        for round in 0..20u32 {
+            bus.publish("busy", round).unwrap();
+            let sub = subs.pop().unwrap();
+            drop(sub);
+        }
+        quiet(&bus);
+        for (index, token) in tokens.iter().enumerate() {
+            assert!(
+                wait_until(LIMIT, || Arc::strong_count(token) == 1),
+                "{mode:?}: handler {index}'s closure is still alive after its unsubscribe"
+            );
+        }
+    }
+}
