@@ -368,32 +368,49 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// Closes the bus: refuses new publishes and subscriptions from now on
     /// ([`Error::Closed`]), waits until every accepted delivery has finished,
     /// then ends the stream receivers (after they drain) and stops the worker
-    /// pool. Gives up after `Config::close_timeout` with
+    /// pool. Gives up waiting after `Config::close_timeout` with
     /// [`Error::CloseTimeout`]; the bus stays closed and the remaining
     /// deliveries still run.
+    ///
+    /// Cancel-safe: the bus is closed as soon as this is first polled, and
+    /// ending the streams and stopping the workers does not depend on this
+    /// future. They happen when the last accepted delivery finishes, by
+    /// whoever finishes it, even if the future is dropped (a `timeout`, a
+    /// `select!`) or has returned `CloseTimeout`.
     ///
     /// Works on any executor; calling it again waits again.
     pub async fn close(&self) -> Result<(), Error> {
         let inner = Arc::clone(&self.inner);
-        let result = match inner.env.counters.close_and_wait(Duration::ZERO) {
-            Ok(()) => Ok(()),
-            Err(_) => {
-                // Wait on a thread of our own, so no executor thread blocks.
-                let (done, waited) = tokio::sync::oneshot::channel();
-                let waiter = Arc::clone(&inner);
-                std::thread::Builder::new()
-                    .name("blazesub-close".into())
-                    .spawn(move || {
-                        let timeout = waiter.config.close_timeout;
-                        let _ = done.send(waiter.env.counters.close_and_wait(timeout));
-                    })
-                    .map_err(Error::Spawn)?;
-                waited.await.unwrap_or(Err(Error::Closed))
+        let closing = Arc::downgrade(&self.inner);
+        inner.env.counters.close(move || {
+            if let Some(inner) = closing.upgrade() {
+                inner.finish_close();
             }
-        };
-        inner.trie.close_streams();
-        inner.dispatcher.shut_down();
-        result
+        });
+        if inner.env.counters.wait_drained(Duration::ZERO).is_ok() {
+            return Ok(());
+        }
+        // Wait on a thread of our own, so no executor thread blocks.
+        let (done, waited) = tokio::sync::oneshot::channel();
+        let waiter = Arc::clone(&inner);
+        std::thread::Builder::new()
+            .name("blazesub-close".into())
+            .spawn(move || {
+                let timeout = waiter.config.close_timeout;
+                let _ = done.send(waiter.env.counters.wait_drained(timeout));
+            })
+            .map_err(Error::Spawn)?;
+        waited.await.unwrap_or(Err(Error::Closed))
+    }
+}
+
+impl<T: Send + Sync + 'static> BusInner<T> {
+    /// The end of closing, once everything accepted has finished: no more
+    /// work can arrive, so the streams end and the workers stop with nothing
+    /// queued behind their stop tickets. Idempotent.
+    fn finish_close(&self) {
+        self.trie.close_streams();
+        self.dispatcher.shut_down();
     }
 }
 

@@ -23,6 +23,7 @@
 //! Workers add their tallies once per unit of work, not per delivery, so the
 //! hot loop touches no shared counter.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
@@ -80,6 +81,11 @@ pub(crate) struct Counters {
     work: CachePadded<AtomicU64>,
     drain_lock: Mutex<()>,
     drained: Condvar,
+    /// What closing does once everything accepted has finished (end the
+    /// streams, stop the workers); set by the first `close`. Run by whoever
+    /// drains the bus, so it happens even if every `close` future was
+    /// dropped or timed out.
+    on_drained: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 /// An admitted publish: its token keeps `close` waiting until the publish has
@@ -136,6 +142,7 @@ impl Counters {
             work: CachePadded::new(AtomicU64::new(0)),
             drain_lock: Mutex::new(()),
             drained: Condvar::new(),
+            on_drained: OnceLock::new(),
         }
     }
 
@@ -157,10 +164,20 @@ impl Counters {
     fn release(&self, n: u64) {
         let before = self.work.fetch_sub(n, Ordering::AcqRel);
         if before == CLOSED | n {
-            // Taking the lock orders this wake-up after the waiter's check.
-            let _guard = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.drained.notify_all();
+            self.drained_now();
         }
+    }
+
+    /// The bus is closed and nothing is outstanding: finish closing and wake
+    /// the waiters. May run more than once (a publish refused after the
+    /// drain passes through zero again); what it runs is idempotent.
+    fn drained_now(&self) {
+        if let Some(finish) = self.on_drained.get() {
+            finish();
+        }
+        // Taking the lock orders this wake-up after the waiter's check.
+        let _guard = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.drained.notify_all();
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -219,10 +236,21 @@ impl Counters {
         }
     }
 
-    /// Refuses new publishes from now on, then blocks until everything
-    /// accepted has finished or `timeout` passes.
-    pub(crate) fn close_and_wait(&self, timeout: Duration) -> Result<(), Error> {
-        self.work.fetch_or(CLOSED, Ordering::AcqRel);
+    /// Refuses new publishes from now on. `on_drained` (kept from the first
+    /// call only) runs once everything accepted has finished: here, if that
+    /// is already so, or else by whichever runner finishes the last delivery.
+    pub(crate) fn close(&self, on_drained: impl Fn() + Send + Sync + 'static) {
+        // Installed before the bit is set, so the drain cannot miss it.
+        let _ = self.on_drained.set(Box::new(on_drained));
+        let before = self.work.fetch_or(CLOSED, Ordering::AcqRel);
+        if before & !CLOSED == 0 {
+            self.drained_now();
+        }
+    }
+
+    /// Blocks until the bus is closed and everything accepted has finished,
+    /// or `timeout` passes.
+    pub(crate) fn wait_drained(&self, timeout: Duration) -> Result<(), Error> {
         let started = crate::sync::now();
         let mut guard = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
         loop {
@@ -242,5 +270,12 @@ impl Counters {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+
+    /// [`Self::close`] with nothing to finish, then [`Self::wait_drained`].
+    #[cfg(loom)]
+    pub(crate) fn close_and_wait(&self, timeout: Duration) -> Result<(), Error> {
+        self.close(|| {});
+        self.wait_drained(timeout)
     }
 }

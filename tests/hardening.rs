@@ -215,3 +215,166 @@ fn closures_are_released_while_publishes_run() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// 3. Nothing accepted vanishes uncounted when the runtime shuts down.
+// ---------------------------------------------------------------------------
+
+/// A `TaskPerSubscriber` bus whose runtime was dropped: publishes are still
+/// accepted, but their runner tasks are dropped unpolled. Every delivery
+/// must be counted as dropped, `inflight_messages()` must return to 0, and
+/// `close()` must finish at once instead of waiting out its timeout.
+#[test]
+fn deliveries_are_counted_when_the_runtime_is_gone() {
+    let rt = runtime(2);
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::TaskPerSubscriber)
+        .runtime(rt.handle().clone())
+        .close_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let delivered = Arc::new(AtomicU64::new(0));
+    let _subs: Vec<Subscription> = (0..100)
+        .map(|_| {
+            let delivered = Arc::clone(&delivered);
+            bus.subscribe("gone", move |_: &Message<u32>| {
+                delivered.fetch_add(1, Ordering::Relaxed);
+            })
+            .unwrap()
+        })
+        .collect();
+    drop(rt);
+    for value in 0..20 {
+        assert_eq!(bus.publish("gone", value).unwrap(), 100);
+    }
+    assert!(
+        wait_until(LIMIT, || bus.inflight_messages() == 0),
+        "deliveries stuck in flight: {:?}",
+        bus.stats()
+    );
+    let stats = bus.stats();
+    assert_eq!(
+        stats.delivered + stats.dropped,
+        2_000,
+        "every accepted delivery ran or was counted: {stats:?}"
+    );
+    assert_eq!(delivered.load(Ordering::Relaxed), stats.delivered);
+    let closer = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let closed =
+        closer.block_on(async { tokio::time::timeout(Duration::from_secs(5), bus.close()).await });
+    assert!(matches!(closed, Ok(Ok(()))), "close: {closed:?}");
+}
+
+/// An async handler whose delivery is still pending when the runtime goes
+/// away is counted as dropped, whatever mode it was started in.
+#[test]
+fn pending_async_deliveries_are_counted_when_the_runtime_is_gone() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = bus_on(mode, &rt);
+        let _sub = bus
+            .subscribe_async("slow", |_m: Arc<Message<u32>>| async {
+                std::future::pending::<()>().await;
+            })
+            .unwrap();
+        for value in 0..10 {
+            bus.publish("slow", value).unwrap();
+        }
+        drop(rt);
+        assert!(
+            wait_until(LIMIT, || bus.inflight_messages() == 0),
+            "{mode:?}: deliveries stuck in flight: {:?}",
+            bus.stats()
+        );
+        assert_eq!(bus.stats().dropped, 10, "{mode:?}: {:?}", bus.stats());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 5. After `CloseTimeout`, work still arriving from an admitted publish runs.
+// ---------------------------------------------------------------------------
+
+/// Two workers, a queue of two tickets, `Batch::Single` (a ticket per
+/// subscription). Worker A is blocked on `w`, worker B on `b`, and two more
+/// `w` tickets fill the queue; a publish to two subscriptions of `c` runs its
+/// first runner itself (`CallerRuns`) and blocks in it. `close()` times out
+/// meanwhile. Then A drains the `w` tickets; the publish queues its second
+/// runner; B is let go. That runner must still run (workers may not stop
+/// while accepted work remains), and `close()` then succeeds.
+#[test]
+fn work_queued_after_a_close_timeout_still_runs() {
+    use blazesub::{Batch, Overflow};
+    let rt = runtime(2);
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::WorkerPool)
+        .workers(2)
+        .queue_capacity(2)
+        .batch(Batch::Single)
+        .max_concurrent_subscriptions(10)
+        .overflow(Overflow::CallerRuns)
+        .close_timeout(Duration::from_millis(100))
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap();
+    let blocking = |topic: &str| {
+        let gate = Arc::new(common::Gate::new());
+        let entered = Arc::new(common::Countdown::new());
+        let sub = {
+            let (gate, entered) = (Arc::clone(&gate), Arc::clone(&entered));
+            bus.subscribe(topic, move |_: &Message<u32>| {
+                entered.arrive();
+                gate.wait();
+            })
+            .unwrap()
+        };
+        (gate, entered, sub)
+    };
+    let (w_gate, w_entered, _w) = blocking("w");
+    let (b_gate, b_entered, _b) = blocking("b");
+    let (c_gate, c_entered, _c1) = blocking("c");
+    let second = Arc::new(AtomicU64::new(0));
+    let _c2 = {
+        let second = Arc::clone(&second);
+        bus.subscribe("c", move |_: &Message<u32>| {
+            second.fetch_add(1, Ordering::Relaxed);
+        })
+        .unwrap()
+    };
+    bus.publish("w", 1).unwrap(); // worker A blocks
+    assert!(w_entered.wait_for(1, LIMIT));
+    bus.publish("b", 1).unwrap(); // worker B blocks
+    assert!(b_entered.wait_for(1, LIMIT));
+    bus.publish("w", 2).unwrap(); // the queue fills
+    bus.publish("w", 3).unwrap();
+    let publisher = {
+        let bus = bus.clone();
+        std::thread::spawn(move || bus.publish("c", 4))
+    };
+    assert!(
+        c_entered.wait_for(1, LIMIT),
+        "the publisher runs its first runner"
+    );
+    let timed_out = rt.block_on(bus.close());
+    assert!(
+        matches!(timed_out, Err(blazesub::Error::CloseTimeout { .. })),
+        "{timed_out:?}"
+    );
+    w_gate.open();
+    // A drains the queue (and, before the fix, then took a stop ticket).
+    assert!(w_entered.wait_for(3, LIMIT));
+    std::thread::sleep(Duration::from_millis(100));
+    c_gate.open();
+    assert_eq!(publisher.join().unwrap().unwrap(), 2);
+    std::thread::sleep(Duration::from_millis(50));
+    b_gate.open();
+    assert!(
+        wait_until(LIMIT, || bus.inflight_messages() == 0),
+        "a delivery was queued behind the stop tickets and never ran: {:?}",
+        bus.stats()
+    );
+    assert_eq!(second.load(Ordering::Relaxed), 1);
+    assert!(rt.block_on(bus.close()).is_ok());
+}

@@ -122,7 +122,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         self.plan
     }
 
-    fn topic(&self) -> &str {
+    pub(crate) fn topic(&self) -> &str {
         self.message.topic()
     }
 

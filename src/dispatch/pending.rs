@@ -102,37 +102,73 @@ pub(super) fn settle(
     }
 }
 
-/// Runs a pending delivery to its end as a task, accounting for it.
-async fn finish(future: BoxFuture, env: Arc<Env>, permit: Option<TaskPermit>) {
+/// Runs a pending delivery to its end as a task, accounting for it. The
+/// accounting guard is built before the task is spawned, so a task the
+/// runtime drops unpolled still counts its delivery (as dropped).
+fn finish(
+    future: BoxFuture,
+    env: Arc<Env>,
+    permit: Option<TaskPermit>,
+) -> impl Future<Output = ()> + Send {
     let mut outcome = Outcome {
         env,
         tally: Tally::default(),
         settled: false,
     };
-    record(CatchUnwind(future).await, &mut outcome.tally);
-    outcome.settled = true;
-    drop(permit);
+    async move {
+        record(CatchUnwind(future).await, &mut outcome.tally);
+        outcome.settled = true;
+        drop(outcome);
+        drop(permit);
+    }
 }
 
-/// Awaits pending deliveries inside a task runner, all at once, accounting
-/// for them in `tally`.
-pub(super) async fn finish_here(futures: Vec<BoxFuture>, tally: &mut Tally) {
-    let mut pending: Vec<CatchUnwind> = futures.into_iter().map(CatchUnwind).collect();
+/// Awaits pending deliveries inside a task runner, all at once. Each is
+/// counted when it ends; any still pending if this future is dropped (the
+/// runtime shutting down) are counted as dropped.
+pub(super) async fn finish_here(futures: Vec<BoxFuture>, env: &Arc<Env>) {
+    let mut here = AwaitedHere {
+        pending: futures.into_iter().map(CatchUnwind).collect(),
+        env: Arc::clone(env),
+    };
     std::future::poll_fn(|cx| {
-        pending.retain_mut(|future| match Pin::new(future).poll(cx) {
-            Poll::Pending => true,
-            Poll::Ready(outcome) => {
-                record(outcome, tally);
-                false
-            }
-        });
-        if pending.is_empty() {
+        let mut tally = Tally::default();
+        here.pending
+            .retain_mut(|future| match Pin::new(future).poll(cx) {
+                Poll::Pending => true,
+                Poll::Ready(outcome) => {
+                    record(outcome, &mut tally);
+                    false
+                }
+            });
+        here.env.counters.add(&tally);
+        if here.pending.is_empty() {
             Poll::Ready(())
         } else {
             Poll::Pending
         }
     })
     .await;
+}
+
+/// Pending deliveries a task runner awaits; see [`finish_here`].
+struct AwaitedHere {
+    pending: Vec<CatchUnwind>,
+    env: Arc<Env>,
+}
+
+impl Drop for AwaitedHere {
+    fn drop(&mut self) {
+        let left = self.pending.len() as u64;
+        if left > 0 {
+            self.pending.clear();
+            self.env.counters.add(&Tally {
+                finished: left,
+                dropped: left,
+                ..Tally::default()
+            });
+        }
+    }
 }
 
 /// Counts one finished async delivery: delivered, or a caught panic.

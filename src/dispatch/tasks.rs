@@ -115,20 +115,58 @@ fn spawn_runner<T: Send + Sync + 'static>(
     job: Arc<Fanout<T>>,
     permit: TaskPermit,
 ) {
+    // Built before the spawn, so a task the runtime drops unpolled (it is
+    // shutting down, or already gone) still accounts for its job.
+    let mut task = RunnerTask {
+        job,
+        permit,
+        ran: false,
+    };
     let task_handle = handle.clone();
     handle.spawn(async move {
-        let env = Arc::clone(&permit.0);
-        let mut runner = TaskModeRunner::new(&task_handle, &job, &env, Place::Task);
+        let env = Arc::clone(&task.permit.0);
         let mut tally = Tally::default();
-        job.run(&env, &mut runner, &mut tally);
-        // Pending deliveries the cap kept from becoming tasks of their own.
-        let awaited = std::mem::take(&mut runner.awaited);
-        if !awaited.is_empty() {
-            pending::finish_here(awaited, &mut tally).await;
-        }
+        let awaited = {
+            let mut runner = TaskModeRunner::new(&task_handle, &task.job, &env, Place::Task);
+            task.job.run(&env, &mut runner, &mut tally);
+            std::mem::take(&mut runner.awaited)
+        };
+        task.ran = true;
         env.counters.add(&tally);
-        drop(permit);
+        // Pending deliveries the cap kept from becoming tasks of their own;
+        // they account for themselves, even if this task is dropped.
+        if !awaited.is_empty() {
+            pending::finish_here(awaited, &env).await;
+        }
+        drop(task);
     });
+}
+
+/// A runner task's hold on its job and its task slot. Dropped without having
+/// run (the runtime shut down before polling it), it claims the units left
+/// in the job and counts their deliveries as dropped, so nothing accepted
+/// vanishes uncounted and `inflight` returns to zero.
+struct RunnerTask<T: Send + Sync + 'static> {
+    job: Arc<Fanout<T>>,
+    permit: TaskPermit,
+    ran: bool,
+}
+
+impl<T: Send + Sync + 'static> Drop for RunnerTask<T> {
+    fn drop(&mut self) {
+        if !self.ran {
+            let mut tally = Tally::default();
+            let dropped = self.job.drop_units(&mut tally);
+            if dropped > 0 {
+                tracing::warn!(
+                    topic = self.job.topic(),
+                    dropped,
+                    "the runtime dropped a delivery task before it ran; its deliveries are counted as dropped"
+                );
+            }
+            self.permit.0.counters.add(&tally);
+        }
+    }
 }
 
 /// A runner in this mode: a task, or the publisher running a runner the cap
