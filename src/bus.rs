@@ -16,6 +16,7 @@ use crate::config::{Config, Overflow};
 use crate::dispatch::{Dispatcher, Env, Fanout, Policy, TaskGauge};
 use crate::error::Error;
 use crate::message::{Message, Metadata};
+use crate::quiesce::Quiescence;
 use crate::receiver::{Mailbox, Pushed, Receiver};
 use crate::route::{Route, RouteCache};
 use crate::stats::{Counters, Stats};
@@ -116,6 +117,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         config.validate()?;
         let env = Arc::new(Env {
             counters: Arc::new(Counters::new()),
+            quiescence: Arc::new(Quiescence::new()),
             workers: config.workers,
             handle,
             tasks: TaskGauge::new(config.max_inflight_tasks),
@@ -140,19 +142,50 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// The handler runs once per matching message, where the delivery mode
     /// says (see [`DeliveryMode`](crate::DeliveryMode)); handlers make no
     /// ordering promise. Dropping the returned [`Subscription`] unsubscribes.
+    /// The closure needs no type annotations. To subscribe a named type that
+    /// implements [`Handler`], use [`Self::subscribe_handler`].
     ///
     /// ```
-    /// use blazesub::{Bus, DeliveryMode, Message};
+    /// use blazesub::{Bus, DeliveryMode};
     ///
     /// let bus = Bus::<String>::builder().delivery(DeliveryMode::Inline).build()?;
-    /// let sub = bus.subscribe("logs/#", |m: &Message<String>| {
+    /// let sub = bus.subscribe("logs/#", |m| {
     ///     tracing::info!(topic = m.topic(), line = %m.data());
     /// })?;
-    /// assert!(bus.subscribe("logs/#/errors", |_: &Message<String>| {}).is_err());
+    /// assert!(bus.subscribe("logs/#/errors", |_| {}).is_err());
     /// # drop(sub);
     /// # Ok::<(), blazesub::Error>(())
     /// ```
-    pub fn subscribe<H: Handler<T>>(
+    pub fn subscribe<F>(&self, filter: &str, handler: F) -> Result<Subscription, Error>
+    where
+        F: Fn(&Message<T>) + Send + Sync + 'static,
+    {
+        self.add_handler(filter, SyncSink(handler))
+    }
+
+    /// Subscribes a value of a type implementing [`Handler`] (a closure works
+    /// too, but [`Self::subscribe`] infers its argument type).
+    ///
+    /// ```
+    /// use blazesub::{Bus, DeliveryMode, Handler, Message};
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// struct Tally(Arc<AtomicU64>);
+    /// impl Handler<u64> for Tally {
+    ///     fn handle(&self, message: &Message<u64>) {
+    ///         self.0.fetch_add(*message.data(), Ordering::Relaxed);
+    ///     }
+    /// }
+    ///
+    /// let bus = Bus::<u64>::builder().delivery(DeliveryMode::Inline).build()?;
+    /// let total = Arc::new(AtomicU64::new(0));
+    /// let _sub = bus.subscribe_handler("ticks", Tally(total.clone()))?;
+    /// bus.publish("ticks", 5)?;
+    /// assert_eq!(total.load(Ordering::Relaxed), 5);
+    /// # Ok::<(), blazesub::Error>(())
+    /// ```
+    pub fn subscribe_handler<H: Handler<T>>(
         &self,
         filter: &str,
         handler: H,
@@ -195,7 +228,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 what: "an async handler subscription",
             });
         }
-        self.add_handler(filter, AsyncSink(handler))
+        self.add_handler(filter, AsyncSink::new(handler))
     }
 
     fn add_handler<S: Sink<T> + SinkKind<T>>(
@@ -217,7 +250,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
             })
             .map_err(|InsertError::Closed| Error::Closed)?;
         let (control, filter) = made.expect("the trie made the entry");
-        Ok(Subscription::new(control, filter))
+        Ok(Subscription::new(
+            control,
+            filter,
+            Arc::clone(&self.inner.env.quiescence),
+        ))
     }
 
     /// Subscribes a stream to topics matching `filter`: an ordered mailbox of
@@ -257,7 +294,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
             })
             .map_err(|InsertError::Closed| Error::Closed)?;
         let (entry, filter) = made.expect("insert made the entry");
-        let subscription = Subscription::new(Arc::clone(&entry) as Arc<dyn Control>, filter);
+        let subscription = Subscription::new(
+            Arc::clone(&entry) as Arc<dyn Control>,
+            filter,
+            Arc::clone(&self.inner.env.quiescence),
+        );
         Ok(Receiver::new(
             entry,
             Arc::clone(&self.inner.env.counters),

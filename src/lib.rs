@@ -67,6 +67,7 @@ mod config;
 mod dispatch;
 mod error;
 mod message;
+mod quiesce;
 mod receiver;
 mod route;
 mod stats;

@@ -213,6 +213,7 @@ fn loom_pool_delivers_everything_and_stops() {
         };
         let env = Arc::new(Env {
             counters: Arc::new(Counters::new()),
+            quiescence: Arc::new(crate::quiesce::Quiescence::new()),
             workers: 1,
             handle: None,
             tasks: TaskGauge::new(4),

@@ -21,6 +21,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Weak};
 
 use crate::message::Message;
+use crate::quiesce::Running;
 use crate::receiver::Mailbox;
 use crate::subscription::{Control, Handler};
 use crate::sync::{AtomicBool, Ordering};
@@ -80,6 +81,16 @@ pub(crate) type HandlerEntry<T> = Arc<Subscriber<T, dyn Sink<T>>>;
 /// types live in different sets.
 pub(crate) trait SinkKind<T>: Sized + 'static {
     fn remove(trie: &Trie<T>, filter: &str, entry: &Subscriber<T, Self>) -> bool;
+
+    /// Rebuilds the entry's set without its dead entries, so a removed entry
+    /// is released now rather than at the next compaction.
+    fn compact(trie: &Trie<T>, filter: &str);
+
+    /// The deliveries of this sink still running outside a runner (async
+    /// handlers only).
+    fn running(&self) -> Option<Arc<Running>> {
+        None
+    }
 }
 
 fn remove_handler<T: 'static>(
@@ -94,6 +105,10 @@ impl<T: 'static, H: Handler<T>> SinkKind<T> for SyncSink<H> {
     fn remove(trie: &Trie<T>, filter: &str, entry: &Subscriber<T, Self>) -> bool {
         remove_handler(trie, filter, entry)
     }
+
+    fn compact(trie: &Trie<T>, filter: &str) {
+        trie.compact::<Handlers>(filter);
+    }
 }
 
 impl<T, F, Fut> SinkKind<T> for AsyncSink<F>
@@ -105,11 +120,23 @@ where
     fn remove(trie: &Trie<T>, filter: &str, entry: &Subscriber<T, Self>) -> bool {
         remove_handler(trie, filter, entry)
     }
+
+    fn compact(trie: &Trie<T>, filter: &str) {
+        trie.compact::<Handlers>(filter);
+    }
+
+    fn running(&self) -> Option<Arc<Running>> {
+        Some(Arc::clone(&self.running))
+    }
 }
 
 impl<T: Send + Sync + 'static> SinkKind<T> for Mailbox<T> {
     fn remove(trie: &Trie<T>, filter: &str, entry: &Subscriber<T, Self>) -> bool {
         trie.remove::<Streams>(filter, entry)
+    }
+
+    fn compact(trie: &Trie<T>, filter: &str) {
+        trie.compact::<Streams>(filter);
     }
 }
 
@@ -125,6 +152,16 @@ impl<T: Send + Sync + 'static, S: SinkKind<T> + Send + Sync> Control for Subscri
             None => self.deactivate(),
         }
     }
+
+    fn remove_releasing(&self, filter: &str) -> Option<Arc<Running>> {
+        if let Some(trie) = self.trie.upgrade() {
+            S::remove(&trie, filter, self);
+            S::compact(&trie, filter);
+        } else {
+            self.deactivate();
+        }
+        self.sink.running()
+    }
 }
 
 /// Adapts a [`Handler`] to a sink.
@@ -138,8 +175,21 @@ impl<T, H: Handler<T>> Sink<T> for SyncSink<H> {
     }
 }
 
-/// Adapts an async handler (a closure returning a future) to a sink.
-pub(crate) struct AsyncSink<F>(pub(crate) F);
+/// Adapts an async handler (a closure returning a future) to a sink, counting
+/// its deliveries still running.
+pub(crate) struct AsyncSink<F> {
+    handler: F,
+    running: Arc<Running>,
+}
+
+impl<F> AsyncSink<F> {
+    pub(crate) fn new(handler: F) -> Self {
+        Self {
+            handler,
+            running: Arc::new(Running::new()),
+        }
+    }
+}
 
 impl<T, F, Fut> Sink<T> for AsyncSink<F>
 where
@@ -147,6 +197,7 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     fn deliver(&self, message: &Arc<Message<T>>) -> Option<BoxFuture> {
-        Some(Box::pin((self.0)(Arc::clone(message))))
+        let future = (self.handler)(Arc::clone(message));
+        Some(Box::pin(self.running.track(future)))
     }
 }

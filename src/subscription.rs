@@ -22,6 +22,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::message::Message;
+use crate::quiesce::{Quiescence, Running};
 
 /// Something that handles messages: any `Fn(&Message<T>) + Send + Sync +
 /// 'static` closure is one.
@@ -40,7 +41,7 @@ use crate::message::Message;
 ///
 /// let bus = Bus::<u32>::builder().delivery(blazesub::DeliveryMode::Inline).build()?;
 /// let counter = std::sync::Arc::new(Counter(AtomicU64::new(0)));
-/// let _sub = bus.subscribe("ticks", SharedCounter(counter.clone()))?;
+/// let _sub = bus.subscribe_handler("ticks", SharedCounter(counter.clone()))?;
 /// bus.publish("ticks", 5)?;
 /// assert_eq!(counter.0.load(Ordering::Relaxed), 5);
 ///
@@ -73,6 +74,10 @@ pub(crate) trait Control: Send + Sync {
     /// Unsubscribes from `filter` (the one it subscribed with). False if it
     /// already was.
     fn remove(&self, filter: &str) -> bool;
+    /// Unsubscribes and compacts the entry's set at once, so its closure is
+    /// released as soon as running deliveries let go; returns the counter of
+    /// its async deliveries still running, if it has one.
+    fn remove_releasing(&self, filter: &str) -> Option<Arc<Running>>;
 }
 
 /// A live subscription. Dropping it unsubscribes.
@@ -101,14 +106,21 @@ pub struct Subscription {
     entry: Arc<dyn Control>,
     /// Shared with the trie node: no allocation per subscription.
     filter: Arc<str>,
+    /// The bus's runners, for [`Subscription::unsubscribe_and_wait`].
+    quiescence: Arc<Quiescence>,
     armed: bool,
 }
 
 impl Subscription {
-    pub(crate) fn new(entry: Arc<dyn Control>, filter: Arc<str>) -> Self {
+    pub(crate) fn new(
+        entry: Arc<dyn Control>,
+        filter: Arc<str>,
+        quiescence: Arc<Quiescence>,
+    ) -> Self {
         Self {
             entry,
             filter,
+            quiescence,
             armed: true,
         }
     }
@@ -124,8 +136,72 @@ impl Subscription {
     }
 
     /// Unsubscribes (the same as dropping it, but explicit).
+    ///
+    /// When it returns, no delivery to this subscription that had not yet
+    /// started will run, queued ones included. A delivery *starts* when it
+    /// checks the subscription's flag, just before calling the handler, so a
+    /// handler call that passed that check on another thread may still be
+    /// running, or just about to enter the handler, when this returns. It
+    /// does not wait for them (a handler may unsubscribe itself); use
+    /// [`Self::unsubscribe_and_wait`] to know that none is left. The handler
+    /// closure is dropped once those calls have finished.
     pub fn unsubscribe(self) {
         drop(self);
+    }
+
+    /// Unsubscribes now, then waits until no call of this handler is
+    /// running: every delivery that had started has returned (for an async
+    /// handler, its future has completed or been dropped). After it returns,
+    /// the handler will never be called again, and unless a running publish
+    /// still holds the set it sat in, its closure has been dropped.
+    ///
+    /// The unsubscribe happens when this is called, not when the future is
+    /// first polled. Cancel-safe: dropping the future stops only the waiting.
+    /// A handler that unsubscribes itself this way does not wait for itself:
+    /// an async handler may `.await` it; calls on the awaiting thread's own
+    /// stack are not waited for. The wait may last longer than the handler's
+    /// own calls: it waits for every runner that was delivering anything when
+    /// it began (runners report per batch, not per delivery, which keeps
+    /// delivery cheap).
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
+    /// use blazesub::Bus;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// let bus = Bus::<u32>::builder().build()?;
+    /// let calls = Arc::new(AtomicU64::new(0));
+    /// let counter = Arc::clone(&calls);
+    /// let sub = bus.subscribe("jobs", move |_| {
+    ///     std::thread::sleep(std::time::Duration::from_millis(5));
+    ///     counter.fetch_add(1, Ordering::SeqCst);
+    /// })?;
+    /// bus.publish("jobs", 1)?;
+    /// sub.unsubscribe_and_wait().await;
+    /// // Whatever ran has finished, and nothing more will.
+    /// let seen = calls.load(Ordering::SeqCst);
+    /// bus.publish("jobs", 2)?;
+    /// bus.close().await?;
+    /// assert_eq!(calls.load(Ordering::SeqCst), seen);
+    /// # Ok(()) }
+    /// ```
+    pub fn unsubscribe_and_wait(
+        mut self,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let running = if std::mem::take(&mut self.armed) {
+            self.entry.remove_releasing(&self.filter)
+        } else {
+            None
+        };
+        let quiescence = Arc::clone(&self.quiescence);
+        drop(self);
+        async move {
+            quiescence.wait_for_readers().await;
+            if let Some(running) = running {
+                running.wait_idle().await;
+            }
+        }
     }
 
     /// Unsubscribes now, leaving an inert handle.

@@ -366,6 +366,25 @@ impl<T: 'static> Trie<T> {
         true
     }
 
+    /// Compacts the set of kind `K` under `filter` if it holds dead entries,
+    /// releasing them (after the lock) once running publishes let go of the
+    /// old set. For an unsubscribe that waits for its handler to be gone.
+    pub(crate) fn compact<K: SetKind<T>>(&self, filter: &str) {
+        let mut released = Released::new();
+        {
+            let writer = self.lock();
+            if let Some(subs) = writer.by_filter.get(filter) {
+                let cell = K::cell(subs);
+                let set = cell.load_full();
+                if set.dead() > 0 {
+                    released.push(Box::new(cell.swap(Arc::new(set.compacted()))));
+                }
+                released.push(Box::new(set));
+            }
+        }
+        drop(released);
+    }
+
     fn replace_root(&self, root: Option<Node<T>>, created: isize, released: &mut Released) {
         let old = self.root.swap(Arc::new(root.unwrap_or_else(Node::empty)));
         released.push(Box::new(old));

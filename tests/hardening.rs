@@ -378,3 +378,213 @@ fn work_queued_after_a_close_timeout_still_runs() {
     assert_eq!(second.load(Ordering::Relaxed), 1);
     assert!(rt.block_on(bus.close()).is_ok());
 }
+
+// ---------------------------------------------------------------------------
+// 7. Handler closures need no annotations.
+// ---------------------------------------------------------------------------
+
+/// `subscribe` is bound on `Fn(&Message<T>)` itself, so a closure's argument
+/// type is inferred (this file would not compile otherwise); a named
+/// `Handler` type goes through `subscribe_handler`.
+#[test]
+fn closures_need_no_type_annotations() {
+    struct Doubler(Arc<AtomicU64>);
+    impl blazesub::Handler<u32> for Doubler {
+        fn handle(&self, message: &Message<u32>) {
+            self.0
+                .fetch_add(2 * u64::from(*message.data()), Ordering::Relaxed);
+        }
+    }
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::Inline)
+        .build()
+        .unwrap();
+    let sum = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&sum);
+    let _a = bus
+        .subscribe("n/+", move |m| {
+            seen.fetch_add(u64::from(*m.data()), Ordering::Relaxed);
+            assert!(m.topic().starts_with("n/"));
+        })
+        .unwrap();
+    let _b = bus
+        .subscribe_handler("n/+", Doubler(Arc::clone(&sum)))
+        .unwrap();
+    assert_eq!(bus.publish("n/1", 5).unwrap(), 2);
+    assert_eq!(sum.load(Ordering::Relaxed), 15);
+}
+
+// ---------------------------------------------------------------------------
+// 8. `unsubscribe_and_wait` returns once no call of the handler is running.
+// ---------------------------------------------------------------------------
+
+/// A slow sync handler is inside a call when `unsubscribe_and_wait` is
+/// awaited: it returns only after that call has finished, and no call runs
+/// after it. (Plain `unsubscribe` returns while the call is still running.)
+#[test]
+fn unsubscribe_and_wait_waits_for_a_running_sync_handler() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = bus_on(mode, &rt);
+        let inside = Arc::new(AtomicU64::new(0));
+        let calls = Arc::new(AtomicU64::new(0));
+        let entered = Arc::new(common::Countdown::new());
+        let sub = {
+            let (inside, calls, entered) = (
+                Arc::clone(&inside),
+                Arc::clone(&calls),
+                Arc::clone(&entered),
+            );
+            bus.subscribe("slow", move |_| {
+                inside.fetch_add(1, Ordering::SeqCst);
+                entered.arrive();
+                std::thread::sleep(Duration::from_millis(150));
+                calls.fetch_add(1, Ordering::SeqCst);
+                inside.fetch_sub(1, Ordering::SeqCst);
+            })
+            .unwrap()
+        };
+        let publisher = {
+            let bus = bus.clone();
+            // Inline runs the handler on the publisher: publish from a thread.
+            std::thread::spawn(move || bus.publish("slow", 1).unwrap())
+        };
+        assert!(entered.wait_for(1, LIMIT), "{mode:?}");
+        rt.block_on(async {
+            tokio::time::timeout(LIMIT, sub.unsubscribe_and_wait())
+                .await
+                .expect("unsubscribe_and_wait hangs");
+        });
+        assert_eq!(
+            inside.load(Ordering::SeqCst),
+            0,
+            "{mode:?}: a call is still running"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "{mode:?}");
+        publisher.join().unwrap();
+        bus.publish("slow", 2).unwrap();
+        quiet(&bus);
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "{mode:?}: called after the wait"
+        );
+    }
+}
+
+/// An async handler awaiting a timer counts as running until its future
+/// completes.
+#[test]
+fn unsubscribe_and_wait_waits_for_a_pending_async_handler() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = bus_on(mode, &rt);
+        let inside = Arc::new(AtomicU64::new(0));
+        let entered = Arc::new(common::Countdown::new());
+        let sub = {
+            let (inside, entered) = (Arc::clone(&inside), Arc::clone(&entered));
+            bus.subscribe_async("slow", move |_m| {
+                let (inside, entered) = (Arc::clone(&inside), Arc::clone(&entered));
+                async move {
+                    inside.fetch_add(1, Ordering::SeqCst);
+                    entered.arrive();
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                }
+            })
+            .unwrap()
+        };
+        bus.publish("slow", 1).unwrap();
+        assert!(entered.wait_for(1, LIMIT), "{mode:?}");
+        rt.block_on(async {
+            tokio::time::timeout(LIMIT, sub.unsubscribe_and_wait())
+                .await
+                .expect("unsubscribe_and_wait hangs");
+        });
+        assert_eq!(
+            inside.load(Ordering::SeqCst),
+            0,
+            "{mode:?}: the future still runs"
+        );
+    }
+}
+
+/// A handler that unsubscribes itself and waits does not wait for itself:
+/// an async handler awaiting it, and a sync handler blocking on it (on a
+/// thread that may block: a pool worker, or an Inline publisher thread).
+#[test]
+fn a_handler_waiting_on_its_own_unsubscribe_does_not_deadlock() {
+    type Slot = Arc<std::sync::Mutex<Option<Subscription>>>;
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = bus_on(mode, &rt);
+        let done = Arc::new(common::Countdown::new());
+        // Async, every mode.
+        let slot: Slot = Arc::default();
+        let sub = {
+            let (slot, done) = (Arc::clone(&slot), Arc::clone(&done));
+            bus.subscribe_async("self/async", move |_m| {
+                let (slot, done) = (Arc::clone(&slot), Arc::clone(&done));
+                async move {
+                    let own = slot.lock().unwrap().take();
+                    if let Some(own) = own {
+                        own.unsubscribe_and_wait().await;
+                        done.arrive();
+                    }
+                }
+            })
+            .unwrap()
+        };
+        *slot.lock().unwrap() = Some(sub);
+        bus.publish("self/async", 1).unwrap();
+        assert!(
+            done.wait_for(1, LIMIT),
+            "{mode:?}: an async handler waits for itself"
+        );
+        if mode == DeliveryMode::TaskPerSubscriber {
+            // Its handlers run on runtime threads, which must not block.
+            continue;
+        }
+        let slot: Slot = Arc::default();
+        let sub = {
+            let (slot, done) = (Arc::clone(&slot), Arc::clone(&done));
+            bus.subscribe("self/sync", move |_| {
+                let own = slot.lock().unwrap().take();
+                if let Some(own) = own {
+                    block_on(own.unsubscribe_and_wait());
+                    done.arrive();
+                }
+            })
+            .unwrap()
+        };
+        *slot.lock().unwrap() = Some(sub);
+        let publisher = {
+            let bus = bus.clone();
+            std::thread::spawn(move || bus.publish("self/sync", 1).unwrap())
+        };
+        assert!(
+            done.wait_for(2, LIMIT),
+            "{mode:?}: a sync handler waits for itself"
+        );
+        publisher.join().unwrap();
+    }
+}
+
+/// A tiny executor: polls `future` on this thread, parking between polls.
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}

@@ -129,6 +129,8 @@ impl<T: Send + Sync + 'static> Fanout<T> {
     /// Claims and runs deliveries until none are left (or, under a
     /// single-claim plan, after one claim), then adds what it did to `tally`.
     pub(crate) fn run(&self, env: &Env, runner: &mut impl Runner<T>, tally: &mut Tally) {
+        // Every flag check and handler call of this run happens while present.
+        let _present = env.quiescence.enter();
         self.runners.fetch_add(1, Ordering::Relaxed);
         // This runner may be the helper that was queued: make room for another.
         self.helper_queued.store(false, Ordering::Relaxed);

@@ -56,6 +56,7 @@ use tokio::runtime::Handle;
 
 use crate::config::{Batch, Config, DeliveryMode, Overflow, MIN_CHUNK};
 use crate::error::Error;
+use crate::quiesce::Quiescence;
 use crate::stats::{Counters, Tally};
 
 pub(crate) use fanout::{Fanout, Runner};
@@ -140,6 +141,8 @@ impl Policy {
 /// What every runner of a bus shares.
 pub(crate) struct Env {
     pub(crate) counters: Arc<Counters>,
+    /// Runners announce themselves here, so unsubscribing can wait for them.
+    pub(crate) quiescence: Arc<Quiescence>,
     /// `Config::workers`: the parallelism a job may spread over.
     pub(crate) workers: usize,
     pub(crate) handle: Option<Handle>,
