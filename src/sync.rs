@@ -2,8 +2,9 @@
 //!
 //! Everything that takes part in a cross-thread protocol (the route cache's
 //! generation check, the subscriber sets' publication of new entries, the
-//! stream mailbox's close and lost count, the pool's shutdown) imports its
-//! atomics and cells from here rather than from `std`. Under `--cfg loom`
+//! stream mailbox's close, reader-gone flag and lost count, the pool's
+//! shutdown) imports its atomics, fences and cells from here rather than
+//! from `std`. Under `--cfg loom`
 //! this module swaps in loom's types, so the model checks in `tests/loom_*.rs`
 //! run the real code instead of a copy of it (the approach of tokio's
 //! `crate::loom`).
@@ -14,12 +15,12 @@
 //! protocol around the cell rather than arc-swap itself.
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 
