@@ -17,7 +17,7 @@ use crate::dispatch::{Dispatcher, Env, Fanout, Policy, TaskGauge};
 use crate::error::Error;
 use crate::message::{Message, Metadata};
 use crate::quiesce::Quiescence;
-use crate::receiver::{Mailbox, Pushed, Receiver};
+use crate::receiver::{Mailbox, Receiver};
 use crate::route::{Route, RouteCache};
 use crate::stats::{Counters, Stats};
 use crate::subscriber::{AsyncSink, HandlerEntry, Sink, SinkKind, Subscriber, SyncSink};
@@ -262,12 +262,16 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ///
     /// Messages from one publisher arrive in publish order. When the mailbox
     /// is full the oldest message is dropped and counted in
-    /// [`Receiver::lost`]; publishers never wait.
+    /// [`Receiver::lost`] (and reported in the stream by
+    /// [`Receiver::recv_lagged`]); publishers never wait.
     pub fn subscribe_stream(&self, filter: &str) -> Result<Receiver<T>, Error> {
         self.subscribe_stream_with_capacity(filter, self.inner.config.stream_capacity)
     }
 
     /// [`Self::subscribe_stream`] with a mailbox of `capacity` messages.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a `capacity` of 0, besides those
+    /// of `subscribe_stream`.
     pub fn subscribe_stream_with_capacity(
         &self,
         filter: &str,
@@ -275,8 +279,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ) -> Result<Receiver<T>, Error> {
         validate_filter(filter)?;
         if capacity == 0 {
-            return Err(Error::InvalidConfig {
-                field: "stream_capacity",
+            return Err(Error::InvalidArgument {
+                name: "capacity",
                 value: capacity.to_string(),
                 reason: "must be at least 1",
             });
@@ -466,10 +470,7 @@ fn push_to_streams<T>(route: &Route<T>, message: &Arc<Message<T>>, counters: &Co
                 continue;
             }
             matched += 1;
-            match entry.sink.push(Arc::clone(message)) {
-                Pushed::Queued => {}
-                Pushed::DisplacedOldest | Pushed::Closed => dropped += 1,
-            }
+            dropped += entry.sink.push(Arc::clone(message));
         }
     });
     if dropped > 0 {

@@ -49,6 +49,18 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// An argument passed to a call is out of range (for a value that comes
+    /// from [`Config`](crate::Config), see [`Error::InvalidConfig`]).
+    #[error("invalid argument: `{name}` = {value} {reason}")]
+    InvalidArgument {
+        /// The parameter, as named in the call's signature.
+        name: &'static str,
+        /// The value given.
+        value: String,
+        /// The rule it breaks.
+        reason: &'static str,
+    },
+
     /// Under [`Overflow::Error`](crate::Overflow::Error), the queue or task cap
     /// was full: some deliveries of this publish were dropped (and counted in
     /// [`Stats::dropped`](crate::Stats::dropped)).

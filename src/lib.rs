@@ -58,6 +58,32 @@
 //! - Every queue is bounded; one publish allocates O(1) whatever the number
 //!   of subscribers.
 //! - Topics follow MQTT 3.1.1/5.0 section 4.7; see [`topic`].
+//!
+//! # Lagging
+//! A stream subscription never holds up a publisher: when its mailbox is
+//! full, the oldest message makes room for the newest and is counted in
+//! [`Receiver::lost`] and [`Stats::dropped`]. `recv` and the `Stream`
+//! implementation read on across the gap. A reader that wants to know where
+//! it fell behind reads with [`Receiver::recv_lagged`] instead, which returns
+//! [`RecvError::Lagged(n)`](RecvError::Lagged) once, just before the first
+//! message after `n` lost ones (as tokio's broadcast channel does), and
+//! [`RecvError::Closed`] at the end.
+//!
+//! ```
+//! # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
+//! use blazesub::{Bus, RecvError};
+//!
+//! let bus: Bus<u32> = Bus::builder().build()?;
+//! let mut prices = bus.subscribe_stream_with_capacity("prices/#", 3)?;
+//! for cents in 100..108 {
+//!     bus.publish("prices/eur", cents)?; // 8 into a mailbox of 3
+//! }
+//!
+//! assert_eq!(prices.recv_lagged().await.unwrap_err(), RecvError::Lagged(5));
+//! assert_eq!(*prices.recv_lagged().await.unwrap().data(), 105);
+//! assert_eq!(*prices.recv().await.unwrap().data(), 106);
+//! # Ok(()) }
+//! ```
 
 #![forbid(unsafe_code)]
 
@@ -91,6 +117,6 @@ pub use bus::{Bus, ByteBus, Footprint};
 pub use config::{Batch, Config, DeliveryMode, Overflow};
 pub use error::Error;
 pub use message::{Message, Metadata};
-pub use receiver::{Receiver, TryRecvError};
+pub use receiver::{Receiver, RecvError, TryRecvError, TryRecvLaggedError};
 pub use stats::Stats;
 pub use subscription::{Handler, Subscription};

@@ -18,7 +18,8 @@
 //! - a stream mailbox under a racing push, overflow and close: the reader
 //!   gets messages in order and `received + lost` equals what was pushed; and
 //!   a reader waiting for a message is always woken by the push itself (loom
-//!   reports a deadlock otherwise);
+//!   reports a deadlock otherwise); and a push racing the receiver's drop is
+//!   counted as dropped exactly once, by the push or by the drop;
 //! - the worker pool: every delivery runs exactly once whether the queue has
 //!   room or the publisher runs the job itself, the close barrier sees
 //!   `inflight` reach zero (a missed wake-up would deadlock), and the workers
@@ -199,6 +200,26 @@ fn loom_mailbox_wakes_a_waiting_reader() {
         });
         producer.join().unwrap();
         assert_eq!(mailbox.lost(), 0);
+    });
+}
+
+#[test]
+fn loom_mailbox_counts_a_push_racing_the_reader_drop() {
+    // A push that found the mailbox open may land after the receiver's drop
+    // has drained it: the reader-gone flag makes one side count it.
+    model(|| {
+        let mailbox = Arc::new(Mailbox::<u32>::new(1));
+        let producer = {
+            let mailbox = Arc::clone(&mailbox);
+            thread::spawn(move || {
+                (0..2)
+                    .map(|value| mailbox.push(Arc::new(Message::new("s", value))))
+                    .sum::<u64>()
+            })
+        };
+        let unread = mailbox.reader_dropped();
+        let dropped_by_pushes = producer.join().unwrap();
+        assert_eq!(unread + dropped_by_pushes, 2, "unread {unread}");
     });
 }
 

@@ -5,15 +5,41 @@
 //!   When it is full, the *oldest* message is dropped to make room, counted in
 //!   [`Receiver::lost`] and in `Stats::dropped`. A publisher never waits for a
 //!   reader, and a reader that falls behind still sees the newest messages.
+//! - **Loss can be seen in the stream itself**, as with tokio's broadcast
+//!   channel: [`Receiver::recv_lagged`] (and [`Receiver::try_recv_lagged`])
+//!   returns [`RecvError::Lagged(n)`](RecvError::Lagged) once, before the
+//!   first message that follows a gap, `n` being the messages this receiver
+//!   lost since it last reported a lag. Drop-oldest always drops the oldest
+//!   queued messages, so the gap sits just before the head of the mailbox.
+//!   [`Receiver::recv`], [`Receiver::try_recv`] and the `Stream`
+//!   implementation report no lag and read on across a gap
+//!   (`while let Some(m) = rx.recv().await` works as ever); `lost()` counts
+//!   either way.
 //! - Messages from **one publisher arrive in publish order**. Pushing into a
 //!   mailbox runs no user code and never blocks, so every delivery mode
 //!   performs it on the publisher's own thread, before `publish` returns;
 //!   nothing can reorder two pushes made one after the other.
 //! - [`Receiver::recv`] returns `None` once the bus has been closed (or
-//!   dropped) and the mailbox is empty. Dropping the receiver unsubscribes.
+//!   dropped) and the mailbox is empty (the lagged calls return
+//!   [`RecvError::Closed`]); from then on the receiver is terminated, as
+//!   [`FusedStream`](futures_core::FusedStream) reports. Dropping the
+//!   receiver unsubscribes.
 //! - A message counts as delivered (`Stats::delivered`) when the receiver takes
 //!   it; one still waiting in the mailbox is neither delivered nor lost yet,
-//!   and one still there when the receiver is dropped counts as dropped.
+//!   and one still there when the receiver is dropped counts as dropped,
+//!   including one a publisher pushes while the receiver is being dropped.
+//!
+//! # A receiver dropped during a push
+//! A publisher checks `closed` before it pushes, so a push can land after
+//! `Receiver::drop` has closed the mailbox and drained it. Closing cannot
+//! cover that (and `Bus::close` closes mailboxes too, yet their readers keep
+//! reading), so the mailbox has a second flag, `reader_gone`, set only by
+//! the drop. The drop sets it, issues a `SeqCst` fence and drains; a
+//! publisher pushes, issues a `SeqCst` fence and reads it. The two fences
+//! are ordered one way or the other: either the publisher sees the flag and
+//! drains the mailbox itself, or the drop's drain sees the message (or both,
+//! and each pops different messages). Whoever pops a message counts it as
+//! dropped, so each is counted once.
 
 use std::fmt;
 use std::pin::Pin;
@@ -25,24 +51,20 @@ use crate::stats::Counters;
 use crate::subscriber::Subscriber;
 use crate::subscription::Subscription;
 use crate::sync::queue::ArrayQueue;
-use crate::sync::{AtomicBool, AtomicU64, Ordering, WakerSlot};
-
-/// What became of one push.
-pub(crate) enum Pushed {
-    /// Queued.
-    Queued,
-    /// Queued, and the oldest message was dropped to make room.
-    DisplacedOldest,
-    /// Refused: the mailbox is closed.
-    Closed,
-}
+use crate::sync::{fence, AtomicBool, AtomicU64, Ordering, WakerSlot};
 
 /// A stream subscription's bounded, drop-oldest queue.
 pub(crate) struct Mailbox<T> {
     queue: ArrayQueue<Arc<Message<T>>>,
     waker: WakerSlot,
+    /// Messages pushed out by newer ones, or refused because it was closed.
     lost: AtomicU64,
+    /// No more pushes: the bus closed, or the reader is gone. A reader still
+    /// drains what is queued.
     closed: AtomicBool,
+    /// Set by the receiver's drop, before it drains: nobody will take from
+    /// this mailbox again. See the module docs.
+    reader_gone: AtomicBool,
 }
 
 impl<T> Mailbox<T> {
@@ -52,33 +74,63 @@ impl<T> Mailbox<T> {
             waker: WakerSlot::new(),
             lost: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            reader_gone: AtomicBool::new(false),
         }
     }
 
-    pub(crate) fn push(&self, message: Arc<Message<T>>) -> Pushed {
+    /// Pushes `message`; returns how many messages this push dropped, for
+    /// `Stats::dropped`: one if it was refused (closed) or pushed out the
+    /// oldest, plus any it cleared out of a mailbox whose receiver was
+    /// dropped meanwhile.
+    pub(crate) fn push(&self, message: Arc<Message<T>>) -> u64 {
         if self.closed.load(Ordering::Acquire) {
-            self.lost.fetch_add(1, Ordering::Relaxed);
-            return Pushed::Closed;
+            self.lost.fetch_add(1, Ordering::Release);
+            return 1;
         }
-        let pushed = match self.queue.force_push(message) {
-            None => Pushed::Queued,
-            Some(_oldest) => {
-                self.lost.fetch_add(1, Ordering::Relaxed);
-                Pushed::DisplacedOldest
-            }
-        };
+        let mut dropped = 0;
+        if self.queue.force_push(message).is_some() {
+            // Release: a reader that sees the count also sees the push.
+            self.lost.fetch_add(1, Ordering::Release);
+            dropped = 1;
+        }
+        // Pairs with the fence in `reader_dropped`: either that drain sees
+        // this push, or this load sees the flag.
+        fence(Ordering::SeqCst);
+        if self.reader_gone.load(Ordering::Relaxed) {
+            return dropped + self.drain();
+        }
         self.waker.wake();
-        pushed
+        dropped
     }
 
     /// Messages this mailbox dropped.
     pub(crate) fn lost(&self) -> u64 {
-        self.lost.load(Ordering::Relaxed)
+        self.lost.load(Ordering::Acquire)
     }
 
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.waker.wake();
+    }
+
+    /// The receiver is being dropped: flags the mailbox, closes it and
+    /// empties it. Returns how many messages it took out (unread, so
+    /// dropped); a push racing this counts what it finds itself.
+    pub(crate) fn reader_dropped(&self) -> u64 {
+        self.reader_gone.store(true, Ordering::Relaxed);
+        self.closed.store(true, Ordering::Release);
+        // Pairs with the fence in `push`.
+        fence(Ordering::SeqCst);
+        self.drain()
+    }
+
+    /// Pops everything queued; returns how many.
+    fn drain(&self) -> u64 {
+        let mut popped = 0;
+        while self.queue.pop().is_some() {
+            popped += 1;
+        }
+        popped
     }
 
     pub(crate) fn poll_pop(&self, cx: &mut Context<'_>) -> Poll<Option<Arc<Message<T>>>> {
@@ -97,6 +149,18 @@ impl<T> Mailbox<T> {
         }
         Poll::Pending
     }
+
+    /// A message if one is queued, without registering for a wake-up.
+    fn try_pop(&self) -> Result<Arc<Message<T>>, TryRecvError> {
+        if let Some(message) = self.queue.pop() {
+            return Ok(message);
+        }
+        if self.closed.load(Ordering::Acquire) {
+            // A push that raced the close may have landed after our pop.
+            return self.queue.pop().ok_or(TryRecvError::Closed);
+        }
+        Err(TryRecvError::Empty)
+    }
 }
 
 /// Why [`Receiver::try_recv`] returned no message.
@@ -110,10 +174,57 @@ pub enum TryRecvError {
     Closed,
 }
 
+/// Why [`Receiver::recv_lagged`] returned no message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecvError {
+    /// This receiver lost `n` messages since it last reported a lag (or since
+    /// it subscribed): pushed out of its full mailbox by newer ones, or
+    /// arriving after it was closed. Reported once, before the next message
+    /// that follows the gap; with drop-oldest the lost ones were the oldest
+    /// queued, so the gap precedes the current head of the mailbox. Reading
+    /// on is fine: the next call returns that message.
+    ///
+    /// `n` is exact. Where the report falls is exact unless a publisher is
+    /// pushing out a message at the very moment this receiver takes the one
+    /// after it: then the report can come a message or so later than the
+    /// gap, never earlier.
+    #[error("this receiver fell behind: {0} messages were lost before the next one")]
+    Lagged(u64),
+    /// Nothing is waiting and nothing will come: the bus is closed or gone,
+    /// and this receiver has taken every message and heard of every loss.
+    #[error("the bus is closed and this receiver has taken every message")]
+    Closed,
+}
+
+/// Why [`Receiver::try_recv_lagged`] returned no message: [`RecvError`], or
+/// nothing waiting yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TryRecvLaggedError {
+    /// Nothing is waiting and no loss to report; more may come.
+    #[error("no message is waiting")]
+    Empty,
+    /// As [`RecvError::Lagged`]: `n` messages were lost before the next one.
+    #[error("this receiver fell behind: {0} messages were lost before the next one")]
+    Lagged(u64),
+    /// As [`RecvError::Closed`].
+    #[error("the bus is closed and this receiver has taken every message")]
+    Closed,
+}
+
+impl From<RecvError> for TryRecvLaggedError {
+    fn from(error: RecvError) -> Self {
+        match error {
+            RecvError::Lagged(n) => Self::Lagged(n),
+            RecvError::Closed => Self::Closed,
+        }
+    }
+}
+
 /// A stream subscription: an ordered, bounded mailbox of messages.
 ///
 /// Get one from [`Bus::subscribe_stream`](crate::Bus::subscribe_stream). It
-/// also implements [`futures_core::Stream`]. Dropping it unsubscribes.
+/// also implements [`futures_core::Stream`] and
+/// [`futures_core::FusedStream`]. Dropping it unsubscribes.
 ///
 /// ```
 /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
@@ -133,6 +244,10 @@ pub struct Receiver<T> {
     entry: Arc<Subscriber<T, Mailbox<T>>>,
     counters: Arc<Counters>,
     subscription: Subscription,
+    /// The mailbox's `lost` as of the last `Lagged` this receiver returned.
+    lost_reported: u64,
+    /// This receiver has reported the end (`None` or `Closed`).
+    terminated: bool,
 }
 
 impl<T> Receiver<T> {
@@ -145,18 +260,46 @@ impl<T> Receiver<T> {
             entry,
             counters,
             subscription,
+            lost_reported: 0,
+            terminated: false,
         }
     }
 
-    fn taken(&self, message: Option<Arc<Message<T>>>) -> Option<Arc<Message<T>>> {
-        if message.is_some() {
-            self.counters.received_from_stream();
-        }
+    /// Counts a message this receiver took as delivered.
+    fn took(&self, message: Arc<Message<T>>) -> Arc<Message<T>> {
+        self.counters.received_from_stream();
         message
+    }
+
+    /// Messages lost since the last lag this receiver reported, if any, now
+    /// counted as reported.
+    fn take_lag(&mut self) -> Option<u64> {
+        let lost = self.entry.sink.lost();
+        if lost <= self.lost_reported {
+            return None;
+        }
+        let lag = lost - self.lost_reported;
+        self.lost_reported = lost;
+        Some(lag)
+    }
+
+    /// The mailbox is closed and empty: a last lag if there is one, else the
+    /// end.
+    fn ended(&mut self) -> RecvError {
+        match self.take_lag() {
+            Some(lag) => RecvError::Lagged(lag),
+            None => {
+                self.terminated = true;
+                RecvError::Closed
+            }
+        }
     }
 
     /// The next message, waiting if none is queued; `None` once the bus is
     /// closed (or dropped) and everything queued has been taken.
+    ///
+    /// Reads on across a gap left by lost messages without saying so (see
+    /// [`Self::recv_lagged`] for a reader that wants to know).
     ///
     /// Cancel-safe: if the future is dropped before it completes, no message
     /// is lost.
@@ -165,31 +308,125 @@ impl<T> Receiver<T> {
     }
 
     /// Polls for the next message (the building block of [`Self::recv`] and the
-    /// `Stream` implementation).
+    /// `Stream` implementation). Once it has returned `Ready(None)` it keeps
+    /// doing so.
     pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Arc<Message<T>>>> {
-        self.entry
-            .sink
-            .poll_pop(cx)
-            .map(|message| self.taken(message))
+        if self.terminated {
+            return Poll::Ready(None);
+        }
+        match self.entry.sink.poll_pop(cx) {
+            Poll::Ready(Some(message)) => Poll::Ready(Some(self.took(message))),
+            Poll::Ready(None) => {
+                self.terminated = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     /// The next message if one is queued, without waiting.
     pub fn try_recv(&mut self) -> Result<Arc<Message<T>>, TryRecvError> {
-        let mailbox = &self.entry.sink;
-        if let Some(message) = mailbox.queue.pop() {
-            return Ok(self.taken(Some(message)).expect("just popped"));
+        if self.terminated {
+            return Err(TryRecvError::Closed);
         }
-        if mailbox.closed.load(Ordering::Acquire) {
-            return match mailbox.queue.pop() {
-                Some(message) => Ok(self.taken(Some(message)).expect("just popped")),
-                None => Err(TryRecvError::Closed),
-            };
+        match self.entry.sink.try_pop() {
+            Ok(message) => Ok(self.took(message)),
+            Err(TryRecvError::Closed) => {
+                self.terminated = true;
+                Err(TryRecvError::Closed)
+            }
+            Err(TryRecvError::Empty) => Err(TryRecvError::Empty),
         }
-        Err(TryRecvError::Empty)
+    }
+
+    /// The next message, waiting if none is queued, or word of a gap:
+    /// [`RecvError::Lagged(n)`](RecvError::Lagged) when `n` messages were
+    /// lost since this receiver last reported a lag (reported once, just
+    /// before the first message after the gap), and [`RecvError::Closed`]
+    /// once the bus is closed (or dropped) and everything queued has been
+    /// taken. After a `Lagged`, call it again for the message.
+    ///
+    /// Cancel-safe: if the future is dropped before it completes, no message
+    /// and no lag report is lost.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
+    /// use blazesub::{Bus, RecvError};
+    ///
+    /// let bus = Bus::<u32>::builder().build()?;
+    /// let mut ticks = bus.subscribe_stream_with_capacity("ticks", 2)?;
+    /// for tick in 0..5 {
+    ///     bus.publish("ticks", tick)?; // 5 into a mailbox of 2
+    /// }
+    /// bus.close().await?;
+    ///
+    /// let mut seen = Vec::new();
+    /// loop {
+    ///     match ticks.recv_lagged().await {
+    ///         Ok(m) => seen.push(format!("tick {}", m.data())),
+    ///         Err(RecvError::Lagged(n)) => seen.push(format!("lost {n}")),
+    ///         Err(RecvError::Closed) => break,
+    ///     }
+    /// }
+    /// assert_eq!(seen, ["lost 3", "tick 3", "tick 4"]);
+    /// # Ok(()) }
+    /// ```
+    pub async fn recv_lagged(&mut self) -> Result<Arc<Message<T>>, RecvError> {
+        std::future::poll_fn(|cx| self.poll_recv_lagged(cx)).await
+    }
+
+    /// Polls for the next message or lag report (the building block of
+    /// [`Self::recv_lagged`]).
+    pub fn poll_recv_lagged(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Arc<Message<T>>, RecvError>> {
+        if let Some(lag) = self.take_lag() {
+            return Poll::Ready(Err(RecvError::Lagged(lag)));
+        }
+        if self.terminated {
+            return Poll::Ready(Err(RecvError::Closed));
+        }
+        match self.entry.sink.poll_pop(cx) {
+            Poll::Ready(Some(message)) => Poll::Ready(Ok(self.took(message))),
+            Poll::Ready(None) => Poll::Ready(Err(self.ended())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// [`Self::recv_lagged`] without waiting:
+    /// [`TryRecvLaggedError::Empty`] when nothing is queued and no loss is
+    /// left to report.
+    ///
+    /// ```
+    /// use blazesub::{Bus, DeliveryMode, TryRecvLaggedError};
+    ///
+    /// let bus = Bus::<u32>::builder().delivery(DeliveryMode::Inline).build()?;
+    /// let mut rx = bus.subscribe_stream_with_capacity("n", 1)?;
+    /// assert_eq!(rx.try_recv_lagged().unwrap_err(), TryRecvLaggedError::Empty);
+    /// bus.publish("n", 1)?;
+    /// bus.publish("n", 2)?;
+    /// assert_eq!(rx.try_recv_lagged().unwrap_err(), TryRecvLaggedError::Lagged(1));
+    /// assert_eq!(*rx.try_recv_lagged().unwrap().data(), 2);
+    /// # Ok::<(), blazesub::Error>(())
+    /// ```
+    pub fn try_recv_lagged(&mut self) -> Result<Arc<Message<T>>, TryRecvLaggedError> {
+        if let Some(lag) = self.take_lag() {
+            return Err(TryRecvLaggedError::Lagged(lag));
+        }
+        if self.terminated {
+            return Err(TryRecvLaggedError::Closed);
+        }
+        match self.entry.sink.try_pop() {
+            Ok(message) => Ok(self.took(message)),
+            Err(TryRecvError::Empty) => Err(TryRecvLaggedError::Empty),
+            Err(TryRecvError::Closed) => Err(self.ended().into()),
+        }
     }
 
     /// Messages this subscription lost because its mailbox was full (the
     /// oldest made room for the newest), or arrived after it was closed.
+    /// A running total: reading it reports no lag.
     pub fn lost(&self) -> u64 {
         self.entry.sink.lost()
     }
@@ -220,17 +457,12 @@ impl<T> Receiver<T> {
     }
 }
 
-/// Unsubscribes, and counts the messages left unread as dropped.
+/// Unsubscribes, and counts the messages left unread as dropped (with any a
+/// publisher pushes meanwhile: see the module docs).
 impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
         self.subscription.remove_now();
-        let mailbox = &self.entry.sink;
-        // Closing first makes a push that races this drop count itself.
-        mailbox.close();
-        let mut unread = 0;
-        while mailbox.queue.pop().is_some() {
-            unread += 1;
-        }
+        let unread = self.entry.sink.reader_dropped();
         if unread > 0 {
             self.counters.dropped_now(unread);
         }
@@ -245,6 +477,15 @@ impl<T> futures_core::Stream for Receiver<T> {
     }
 }
 
+/// Terminated once the stream has returned `None` (or the receiver has
+/// otherwise reported the end: `try_recv` or the lagged calls returned
+/// `Closed`); polling it afterwards keeps returning `None`.
+impl<T> futures_core::FusedStream for Receiver<T> {
+    fn is_terminated(&self) -> bool {
+        self.terminated
+    }
+}
+
 impl<T> fmt::Debug for Receiver<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Receiver")
@@ -252,6 +493,7 @@ impl<T> fmt::Debug for Receiver<T> {
             .field("filter", &self.filter())
             .field("queued", &self.len())
             .field("lost", &self.lost())
+            .field("terminated", &self.terminated)
             .finish()
     }
 }

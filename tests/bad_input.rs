@@ -459,8 +459,8 @@ fn misuse_cases() -> Vec<MisuseCase> {
             class: "zero-capacity stream",
             shown: "`subscribe_stream_with_capacity(\"a\", 0)`",
             run: || inline_bus().subscribe_stream_with_capacity("a", 0).unwrap_err(),
-            check: |e| matches!(e, Error::InvalidConfig { field: "stream_capacity", value, .. } if value == "0"),
-            text: "invalid configuration: `stream_capacity` = 0 must be at least 1",
+            check: |e| matches!(e, Error::InvalidArgument { name: "capacity", value, reason: "must be at least 1" } if value == "0"),
+            text: "invalid argument: `capacity` = 0 must be at least 1",
         },
         MisuseCase {
             class: "`TaskPerSubscriber` without a runtime",
@@ -635,6 +635,9 @@ fn table() -> String {
         let variant = match &err {
             Error::InvalidConfig { field, value, .. } => {
                 format!("`InvalidConfig {{ field: {field:?}, value: {value:?}, .. }}`")
+            }
+            Error::InvalidArgument { name, value, .. } => {
+                format!("`InvalidArgument {{ name: {name:?}, value: {value:?}, .. }}`")
             }
             Error::NoRuntime { what } => format!("`NoRuntime {{ what: {what:?} }}`"),
             Error::Closed => "`Closed`".to_string(),

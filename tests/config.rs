@@ -443,7 +443,10 @@ fn stream_capacity_zero_per_subscription_is_an_error_not_a_panic() {
         .unwrap();
     assert!(matches!(
         bus.subscribe_stream_with_capacity("a", 0),
-        Err(Error::InvalidConfig { .. })
+        Err(Error::InvalidArgument {
+            name: "capacity",
+            ..
+        })
     ));
     assert_eq!(bus.subscriptions_count(), 0);
 }
