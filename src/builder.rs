@@ -31,8 +31,15 @@ pub struct BusBuilder<T> {
     value: PhantomData<fn() -> T>,
 }
 
+impl<T: Send + Sync + 'static> Bus<T> {
+    /// A builder starting from `Config::default()`.
+    pub fn builder() -> BusBuilder<T> {
+        BusBuilder::new()
+    }
+}
+
 impl<T: Send + Sync + 'static> BusBuilder<T> {
-    pub(crate) fn new() -> Self {
+    fn new() -> Self {
         Self {
             config: Config::default(),
             runtime: None,

@@ -11,20 +11,23 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::builder::BusBuilder;
 use crate::config::{Config, Overflow};
 use crate::dispatch::{Dispatcher, Env, Fanout, Policy, TaskGauge};
 use crate::error::Error;
+use crate::handler::Handler;
+use crate::handles::{Receiver, Subscription};
 use crate::message::{Message, Metadata};
-use crate::quiesce::Quiescence;
-use crate::receiver::{Mailbox, Receiver};
-use crate::route::{Route, RouteCache};
+use crate::registry::entry::{
+    AsyncSink, EntryControl, HandlerEntry, Sink, Subscriber, SyncSink, Tracked,
+};
+use crate::registry::mailbox::Mailbox;
+use crate::registry::quiesce::Quiescence;
+use crate::registry::route::{Route, RouteCache};
+use crate::registry::trie::{Handlers, InsertError, Streams, Trie};
+use crate::registry::{Kind, Registry};
 use crate::stats::{Counters, Stats};
-use crate::subscriber::{AsyncSink, HandlerEntry, Sink, SinkKind, Subscriber, SyncSink};
-use crate::subscription::{Control, Handler, Subscription};
 use crate::sync::{AtomicU64, Ordering};
 use crate::topic::{validate_filter, validate_topic};
-use crate::trie::{Handlers, InsertError, Streams, Trie};
 
 /// An in-process publish/subscribe bus carrying values of type `T`.
 ///
@@ -102,12 +105,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// Errors if the configuration is invalid, or if it asks for
     /// `TaskPerSubscriber` outside a runtime.
     pub fn new(config: Config) -> Result<Self, Error> {
-        Self::builder().config(config).build()
-    }
-
-    /// A builder starting from `Config::default()`.
-    pub fn builder() -> BusBuilder<T> {
-        BusBuilder::new()
+        Self::from_parts(config, tokio::runtime::Handle::try_current().ok())
     }
 
     pub(crate) fn from_parts(
@@ -231,7 +229,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         self.add_handler(filter, AsyncSink::new(handler))
     }
 
-    fn add_handler<S: Sink<T> + SinkKind<T>>(
+    fn add_handler<S: Sink<T> + Tracked + 'static>(
         &self,
         filter: &str,
         sink: S,
@@ -239,22 +237,30 @@ impl<T: Send + Sync + 'static> Bus<T> {
         validate_filter(filter)?;
         self.check_open()?;
         let id = self.next_id();
-        let trie = Arc::downgrade(&self.inner.trie);
-        let mut made: Option<(Arc<dyn Control>, Arc<str>)> = None;
+        let mut made: Option<(Arc<dyn EntryControl>, Arc<str>)> = None;
         self.inner
             .trie
             .insert::<Handlers>(filter, |filter| {
-                let entry = Arc::new(Subscriber::new(id, trie, sink));
-                made = Some((Arc::clone(&entry) as Arc<dyn Control>, filter));
+                let entry = Arc::new(Subscriber::new(id, sink));
+                made = Some((Arc::clone(&entry) as Arc<dyn EntryControl>, filter));
                 entry as HandlerEntry<T>
             })
             .map_err(|InsertError::Closed| Error::Closed)?;
         let (control, filter) = made.expect("the trie made the entry");
-        Ok(Subscription::new(
-            control,
+        Ok(self.handle(control, filter, Kind::Handlers))
+    }
+
+    /// The user's handle on an entry the trie just took in.
+    fn handle(&self, entry: Arc<dyn EntryControl>, filter: Arc<str>, kind: Kind) -> Subscription {
+        let trie = Arc::downgrade(&self.inner.trie);
+        let registry: std::sync::Weak<dyn Registry> = trie;
+        Subscription::new(
+            entry,
             filter,
+            registry,
             Arc::clone(&self.inner.env.quiescence),
-        ))
+            kind,
+        )
     }
 
     /// Subscribes a stream to topics matching `filter`: an ordered mailbox of
@@ -287,21 +293,20 @@ impl<T: Send + Sync + 'static> Bus<T> {
         }
         self.check_open()?;
         let id = self.next_id();
-        let trie = Arc::downgrade(&self.inner.trie);
         let mut made = None;
         self.inner
             .trie
             .insert::<Streams>(filter, |filter| {
-                let entry = Arc::new(Subscriber::new(id, trie, Mailbox::new(capacity)));
+                let entry = Arc::new(Subscriber::new(id, Mailbox::new(capacity)));
                 made = Some((Arc::clone(&entry), filter));
                 entry
             })
             .map_err(|InsertError::Closed| Error::Closed)?;
         let (entry, filter) = made.expect("insert made the entry");
-        let subscription = Subscription::new(
-            Arc::clone(&entry) as Arc<dyn Control>,
+        let subscription = self.handle(
+            Arc::clone(&entry) as Arc<dyn EntryControl>,
             filter,
-            Arc::clone(&self.inner.env.quiescence),
+            Kind::Streams,
         );
         Ok(Receiver::new(
             entry,

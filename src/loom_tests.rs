@@ -26,7 +26,7 @@
 //!   stop.
 
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use loom::thread;
@@ -34,11 +34,11 @@ use loom::thread;
 use crate::config::{Config, DeliveryMode, Overflow};
 use crate::dispatch::{Dispatcher, Env, Fanout, Policy, TaskGauge};
 use crate::message::Message;
-use crate::receiver::Mailbox;
-use crate::route::{Route, RouteCache};
+use crate::registry::entry::{HandlerEntry, Subscriber, SyncSink};
+use crate::registry::mailbox::Mailbox;
+use crate::registry::route::{Route, RouteCache};
+use crate::registry::trie::{Handlers, Trie};
 use crate::stats::Counters;
-use crate::subscriber::{HandlerEntry, Subscriber, SyncSink};
-use crate::trie::{Handlers, Trie};
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
@@ -49,11 +49,7 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 }
 
 fn handler(id: u64) -> HandlerEntry<u32> {
-    Arc::new(Subscriber::new(
-        id,
-        Weak::new(),
-        SyncSink(|_: &Message<u32>| {}),
-    ))
+    Arc::new(Subscriber::new(id, SyncSink(|_: &Message<u32>| {})))
 }
 
 /// Inserts a prepared entry (the trie's own filter string is not needed).
@@ -129,10 +125,10 @@ fn loom_lookup_after_a_set_grows_sees_it() {
 #[test]
 fn loom_lookup_after_a_remove_never_sees_it() {
     model(|| {
-        let victim = handler(1);
+        let victim = Arc::new(Subscriber::new(1, SyncSink(|_: &Message<u32>| {})));
         let trie = Arc::new(Trie::<u32>::new());
         let cache = Arc::new(RouteCache::<u32>::new(2));
-        insert(&trie, "a/b", Arc::clone(&victim));
+        insert(&trie, "a/b", Arc::clone(&victim) as HandlerEntry<u32>);
         insert(&trie, "a/+", handler(2));
         cache.route(&trie, "a/b");
         let reader = {
@@ -141,7 +137,7 @@ fn loom_lookup_after_a_remove_never_sees_it() {
                 cache.route(&trie, "a/b");
             })
         };
-        assert!(trie.remove::<Handlers>("a/b", &victim));
+        assert!(trie.remove::<Handlers>("a/b", &*victim));
         let ids = active_ids(&cache.route(&trie, "a/b"));
         assert_eq!(ids, [2]);
         reader.join().unwrap();
@@ -234,7 +230,7 @@ fn loom_pool_delivers_everything_and_stops() {
         };
         let env = Arc::new(Env {
             counters: Arc::new(Counters::new()),
-            quiescence: Arc::new(crate::quiesce::Quiescence::new()),
+            quiescence: Arc::new(crate::registry::quiesce::Quiescence::new()),
             workers: 1,
             handle: None,
             tasks: TaskGauge::new(4),
@@ -247,7 +243,6 @@ fn loom_pool_delivers_everything_and_stops() {
             let calls = Arc::clone(&calls);
             let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
                 id,
-                Weak::new(),
                 SyncSink(move |_: &Message<u32>| {
                     calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }),

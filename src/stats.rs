@@ -273,7 +273,7 @@ impl Counters {
     }
 
     /// [`Self::close`] with nothing to finish, then [`Self::wait_drained`].
-    #[cfg(loom)]
+    #[cfg(all(test, loom))]
     pub(crate) fn close_and_wait(&self, timeout: Duration) -> Result<(), Error> {
         self.close(|| {});
         self.wait_drained(timeout)

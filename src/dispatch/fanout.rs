@@ -30,10 +30,10 @@ use smallvec::SmallVec;
 
 use super::{pending, report_panic, Env, Plan, Policy};
 use crate::message::Message;
-use crate::route::HandlerSets;
+use crate::registry::entry::{BoxFuture, HandlerEntry};
+use crate::registry::route::HandlerSets;
+use crate::registry::subset::HandlerSet;
 use crate::stats::Tally;
-use crate::subscriber::{BoxFuture, HandlerEntry};
-use crate::subset::HandlerSet;
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
 /// The most units a runner claims at once below the threshold.

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use super::pending::{self, Place};
 use super::{Env, Fanout, Runner};
+use crate::registry::entry::BoxFuture;
 use crate::stats::Tally;
-use crate::subscriber::BoxFuture;
 
 /// Runs every delivery; returns how many were dropped (async deliveries
 /// cancelled at the task cap under `Overflow::Drop` or `Overflow::Error`).

@@ -10,6 +10,7 @@
 //! - `inline.rs` — `Inline`: the publisher is the only runner.
 //! - `pending.rs` — async handlers whose future is not finished after its
 //!   first poll continue as tasks.
+//! - `permit.rs` — task slots, counted against `max_inflight_tasks`.
 //!
 //! # The policy
 //! A publish reaching `n` handler subscriptions (stream subscriptions are
@@ -47,6 +48,7 @@
 mod fanout;
 mod inline;
 mod pending;
+mod permit;
 mod pool;
 mod tasks;
 
@@ -56,11 +58,11 @@ use tokio::runtime::Handle;
 
 use crate::config::{Batch, Config, DeliveryMode, Overflow, MIN_CHUNK};
 use crate::error::Error;
-use crate::quiesce::Quiescence;
+use crate::registry::quiesce::Quiescence;
 use crate::stats::{Counters, Tally};
 
 pub(crate) use fanout::{Fanout, Runner};
-pub(crate) use tasks::TaskGauge;
+pub(crate) use permit::TaskGauge;
 
 /// How one publish is cut into units and handed to runners.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

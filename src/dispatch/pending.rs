@@ -27,11 +27,11 @@ use std::task::{Context, Poll, Waker};
 
 use tokio::runtime::Handle;
 
-use super::tasks::TaskPermit;
+use super::permit::TaskPermit;
 use super::{report_panic, Env};
 use crate::config::Overflow;
+use crate::registry::entry::BoxFuture;
 use crate::stats::Tally;
-use crate::subscriber::BoxFuture;
 
 /// Polls a just-started async delivery once. `Some` if it is not finished.
 pub(super) fn first_poll(mut future: BoxFuture, handle: Option<&Handle>) -> Option<BoxFuture> {

@@ -17,61 +17,11 @@ use std::sync::Arc;
 use tokio::runtime::Handle;
 
 use super::pending::{self, Place};
+use super::permit::TaskPermit;
 use super::{caller_runs, refused, Env, Fanout, Runner};
 use crate::config::Overflow;
+use crate::registry::entry::BoxFuture;
 use crate::stats::Tally;
-use crate::subscriber::BoxFuture;
-use crate::sync::{AtomicUsize, Ordering};
-
-/// Counts a bus's live tasks against its cap.
-pub(crate) struct TaskGauge {
-    live: AtomicUsize,
-    cap: usize,
-}
-
-impl TaskGauge {
-    pub(crate) fn new(cap: usize) -> Self {
-        Self {
-            live: AtomicUsize::new(0),
-            cap,
-        }
-    }
-
-    /// Tasks alive now.
-    pub(crate) fn live(&self) -> usize {
-        self.live.load(Ordering::Relaxed)
-    }
-}
-
-/// The right to keep one task alive; released on drop.
-pub(crate) struct TaskPermit(Arc<Env>);
-
-impl TaskPermit {
-    pub(crate) fn acquire(env: &Arc<Env>) -> Option<Self> {
-        let gauge = &env.tasks;
-        let mut live = gauge.live.load(Ordering::Relaxed);
-        loop {
-            if live >= gauge.cap {
-                return None;
-            }
-            match gauge.live.compare_exchange_weak(
-                live,
-                live + 1,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Some(Self(Arc::clone(env))),
-                Err(now) => live = now,
-            }
-        }
-    }
-}
-
-impl Drop for TaskPermit {
-    fn drop(&mut self) {
-        self.0.tasks.live.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 pub(crate) struct Tasks {
     handle: Handle,
@@ -124,7 +74,7 @@ fn spawn_runner<T: Send + Sync + 'static>(
     };
     let task_handle = handle.clone();
     handle.spawn(async move {
-        let env = Arc::clone(&task.permit.0);
+        let env = Arc::clone(task.permit.env());
         let mut tally = Tally::default();
         let awaited = {
             let mut runner = TaskModeRunner::new(&task_handle, &task.job, &env, Place::Task);
@@ -164,7 +114,7 @@ impl<T: Send + Sync + 'static> Drop for RunnerTask<T> {
                     "the runtime dropped a delivery task before it ran; its deliveries are counted as dropped"
                 );
             }
-            self.permit.0.counters.add(&tally);
+            self.permit.env().counters.add(&tally);
         }
     }
 }

@@ -43,9 +43,10 @@ use std::sync::Arc;
 
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
-use crate::receiver::Mailbox;
-use crate::subscriber::{Sink, Subscriber};
-use crate::subset::{HandlerSet, StreamSet, SubSet};
+use super::entry::{EntryControl, Sink, Subscriber};
+use super::mailbox::Mailbox;
+use super::subset::{HandlerSet, StreamSet, SubSet};
+use super::{Kind, Registry};
 use crate::sync::{ArcCell, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::topic::is_system_topic;
 
@@ -313,11 +314,7 @@ impl<T: 'static> Trie<T> {
     /// whether this call removed it (false if it already was). What it
     /// releases (possibly the entry's last reference, and with it the user's
     /// closure) is dropped after the writer lock is released.
-    pub(crate) fn remove<K: SetKind<T>>(
-        &self,
-        filter: &str,
-        entry: &Subscriber<T, K::Sink>,
-    ) -> bool {
+    pub(crate) fn remove<K: SetKind<T>>(&self, filter: &str, entry: &dyn EntryControl) -> bool {
         let mut released = Released::new();
         let removed = self.remove_locked::<K>(&mut self.lock(), filter, entry, &mut released);
         drop(released);
@@ -328,7 +325,7 @@ impl<T: 'static> Trie<T> {
         &self,
         writer: &mut Writer<T>,
         filter: &str,
-        entry: &Subscriber<T, K::Sink>,
+        entry: &dyn EntryControl,
         released: &mut Released,
     ) -> bool {
         // Deactivating under the writer lock keeps each set's `live` count
@@ -411,6 +408,22 @@ impl<T: 'static> Trie<T> {
                 }
             });
         });
+    }
+}
+
+impl<T: Send + Sync + 'static> Registry for Trie<T> {
+    fn remove(&self, filter: &str, kind: Kind, entry: &dyn EntryControl) -> bool {
+        match kind {
+            Kind::Handlers => Trie::remove::<Handlers>(self, filter, entry),
+            Kind::Streams => Trie::remove::<Streams>(self, filter, entry),
+        }
+    }
+
+    fn compact(&self, filter: &str, kind: Kind) {
+        match kind {
+            Kind::Handlers => Trie::compact::<Handlers>(self, filter),
+            Kind::Streams => Trie::compact::<Streams>(self, filter),
+        }
     }
 }
 

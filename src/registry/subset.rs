@@ -26,8 +26,8 @@
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
-use crate::receiver::Mailbox;
-use crate::subscriber::{Sink, Subscriber};
+use super::entry::{Sink, Subscriber};
+use super::mailbox::Mailbox;
 use crate::sync::{AtomicUsize, Ordering};
 
 /// One slot: written once by the writer, then only read.
@@ -89,7 +89,7 @@ impl<T, S: ?Sized> SubSet<T, S> {
         self.live.load(Ordering::Relaxed)
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
@@ -211,7 +211,7 @@ mod tests {
     use super::*;
 
     fn entry(id: u64) -> Arc<Subscriber<(), u64>> {
-        Arc::new(Subscriber::new(id, std::sync::Weak::new(), id))
+        Arc::new(Subscriber::new(id, id))
     }
 
     fn ids(set: &SubSet<(), u64>) -> Vec<u64> {

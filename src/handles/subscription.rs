@@ -19,66 +19,11 @@
 //!   [`detach`](Subscription::detach) keeps it for the life of the bus.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use crate::message::Message;
-use crate::quiesce::{Quiescence, Running};
-
-/// Something that handles messages: any `Fn(&Message<T>) + Send + Sync +
-/// 'static` closure is one.
-///
-/// ```
-/// use blazesub::{Bus, Handler, Message};
-/// use std::sync::atomic::{AtomicU64, Ordering};
-///
-/// struct Counter(AtomicU64);
-///
-/// impl Handler<u32> for Counter {
-///     fn handle(&self, message: &Message<u32>) {
-///         self.0.fetch_add(u64::from(*message.data()), Ordering::Relaxed);
-///     }
-/// }
-///
-/// let bus = Bus::<u32>::builder().delivery(blazesub::DeliveryMode::Inline).build()?;
-/// let counter = std::sync::Arc::new(Counter(AtomicU64::new(0)));
-/// let _sub = bus.subscribe_handler("ticks", SharedCounter(counter.clone()))?;
-/// bus.publish("ticks", 5)?;
-/// assert_eq!(counter.0.load(Ordering::Relaxed), 5);
-///
-/// // A handler can also be shared through an Arc.
-/// struct SharedCounter(std::sync::Arc<Counter>);
-/// impl Handler<u32> for SharedCounter {
-///     fn handle(&self, message: &Message<u32>) { self.0.handle(message) }
-/// }
-/// # Ok::<(), blazesub::Error>(())
-/// ```
-pub trait Handler<T>: Send + Sync + 'static {
-    /// Handles one message.
-    fn handle(&self, message: &Message<T>);
-}
-
-impl<T, F> Handler<T> for F
-where
-    F: Fn(&Message<T>) + Send + Sync + 'static,
-{
-    #[inline]
-    fn handle(&self, message: &Message<T>) {
-        self(message)
-    }
-}
-
-/// What a [`Subscription`] handle can do with its entry; type-erased so the
-/// handle needs no `T`.
-pub(crate) trait Control: Send + Sync {
-    fn id(&self) -> u64;
-    /// Unsubscribes from `filter` (the one it subscribed with). False if it
-    /// already was.
-    fn remove(&self, filter: &str) -> bool;
-    /// Unsubscribes and compacts the entry's set at once, so its closure is
-    /// released as soon as running deliveries let go; returns the counter of
-    /// its async deliveries still running, if it has one.
-    fn remove_releasing(&self, filter: &str) -> Option<Arc<Running>>;
-}
+use crate::registry::entry::EntryControl;
+use crate::registry::quiesce::Quiescence;
+use crate::registry::{Kind, Registry};
 
 /// A live subscription. Dropping it unsubscribes.
 ///
@@ -103,25 +48,50 @@ pub(crate) trait Control: Send + Sync {
 /// ```
 #[must_use = "dropping a Subscription unsubscribes it at once; call .detach() to keep it for the life of the bus"]
 pub struct Subscription {
-    entry: Arc<dyn Control>,
+    entry: Arc<dyn EntryControl>,
     /// Shared with the trie node: no allocation per subscription.
     filter: Arc<str>,
-    /// The bus's runners, for [`Subscription::unsubscribe_and_wait`].
+    /// The trie it is in, weakly: a handle does not keep the bus alive.
+    registry: Weak<dyn Registry>,
+    /// The bus's runners, for [`Subscription::unsubscribe_and_wait`] (held
+    /// strongly: runners may outlive the bus's last handle).
     quiescence: Arc<Quiescence>,
+    kind: Kind,
     armed: bool,
 }
 
 impl Subscription {
     pub(crate) fn new(
-        entry: Arc<dyn Control>,
+        entry: Arc<dyn EntryControl>,
         filter: Arc<str>,
+        registry: Weak<dyn Registry>,
         quiescence: Arc<Quiescence>,
+        kind: Kind,
     ) -> Self {
         Self {
             entry,
             filter,
+            registry,
             quiescence,
+            kind,
             armed: true,
+        }
+    }
+
+    /// Takes the entry out of the trie (or, with the bus gone, just clears
+    /// its flag); `compact` also rebuilds its set so the entry is released
+    /// at once.
+    fn remove(&self, compact: bool) {
+        match self.registry.upgrade() {
+            Some(registry) => {
+                registry.remove(&self.filter, self.kind, &*self.entry);
+                if compact {
+                    registry.compact(&self.filter, self.kind);
+                }
+            }
+            None => {
+                self.entry.deactivate();
+            }
         }
     }
 
@@ -189,11 +159,10 @@ impl Subscription {
     pub fn unsubscribe_and_wait(
         mut self,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let running = if std::mem::take(&mut self.armed) {
-            self.entry.remove_releasing(&self.filter)
-        } else {
-            None
-        };
+        if std::mem::take(&mut self.armed) {
+            self.remove(true);
+        }
+        let running = self.entry.running();
         let quiescence = Arc::clone(&self.quiescence);
         drop(self);
         async move {
@@ -207,7 +176,7 @@ impl Subscription {
     /// Unsubscribes now, leaving an inert handle.
     pub(crate) fn remove_now(&mut self) {
         if std::mem::take(&mut self.armed) {
-            self.entry.remove(&self.filter);
+            self.remove(false);
         }
     }
 

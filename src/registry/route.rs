@@ -22,9 +22,9 @@ use rustc_hash::FxBuildHasher;
 
 use smallvec::SmallVec;
 
-use crate::subset::{HandlerSet, StreamSet};
+use super::subset::{HandlerSet, StreamSet};
+use super::trie::{NodeSubs, Trie};
 use crate::sync::OptionArcCell;
-use crate::trie::{NodeSubs, Trie};
 
 /// The handler sets one publish reaches, loaded from its route's nodes.
 /// Inline up to four (a topic rarely matches more filters): no allocation.

@@ -1,0 +1,171 @@
+//! One subscription's entry: an `active` flag in front of a *sink* (a
+//! handler, an async handler, or a stream mailbox), shared by the trie's
+//! subscriber sets and the user's handle.
+//!
+//! # Contract
+//! - Clearing the flag is what unsubscribing means to delivery: every
+//!   delivery checks it immediately before calling the sink, so after
+//!   [`Subscriber::deactivate`] returns no delivery that had not already
+//!   started will begin, even one queued long before. Removing the entry from
+//!   the trie afterwards is housekeeping.
+//! - One allocation per subscription holds the flag, the id and the user's
+//!   closure, so a delivery is one pointer read, one flag load and one
+//!   indirect call, and consecutive subscriptions' entries sit next to each
+//!   other in memory. The entry is kept small (40 bytes for a closure
+//!   holding one `Arc`) because a fan-out walks thousands of them; the filter
+//!   string and the way back to the trie live in the user's handle.
+//! - The entry knows nothing of the trie: handles reach it through
+//!   [`EntryControl`], and the trie through [`Registry`](super::Registry).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use super::mailbox::Mailbox;
+use super::quiesce::Running;
+use crate::handler::Handler;
+use crate::message::Message;
+use crate::sync::{AtomicBool, Ordering};
+
+/// A delivery's future, when a handler is async.
+pub(crate) type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// Something a message can be delivered to, from any thread.
+pub(crate) trait Sink<T>: Send + Sync {
+    /// Runs a sync handler to completion (`None`), or starts an async one and
+    /// returns its future, not yet polled.
+    fn deliver(&self, message: &Arc<Message<T>>) -> Option<BoxFuture>;
+}
+
+/// Whether a sink's deliveries can outlive the runner that started them.
+pub(crate) trait Tracked {
+    /// The sink's deliveries still running outside a runner: `Some` for
+    /// async handlers only.
+    fn running(&self) -> Option<Arc<Running>>;
+}
+
+/// One subscription's entry. `repr(C)` keeps the flag next to the sink, in
+/// the line a delivery touches.
+#[repr(C)]
+pub(crate) struct Subscriber<T, S: ?Sized> {
+    id: u64,
+    active: AtomicBool,
+    _message: std::marker::PhantomData<fn(&T)>,
+    pub(crate) sink: S,
+}
+
+impl<T, S> Subscriber<T, S> {
+    pub(crate) fn new(id: u64, sink: S) -> Self {
+        Self {
+            id,
+            active: AtomicBool::new(true),
+            _message: std::marker::PhantomData,
+            sink,
+        }
+    }
+}
+
+impl<T, S: ?Sized> Subscriber<T, S> {
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    #[inline]
+    pub(crate) fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// Stops all deliveries that have not started yet. Returns whether this
+    /// call was the one that deactivated it.
+    pub(crate) fn deactivate(&self) -> bool {
+        // SeqCst: a grace period (see `quiesce.rs`) relies on this clear
+        // being ordered before its epoch flip.
+        self.active.swap(false, Ordering::SeqCst)
+    }
+}
+
+/// A handler subscription's entry.
+pub(crate) type HandlerEntry<T> = Arc<Subscriber<T, dyn Sink<T>>>;
+
+/// A stream subscription's entry.
+pub(crate) type StreamEntry<T> = Arc<Subscriber<T, Mailbox<T>>>;
+
+/// What a user's handle can do with its entry, without knowing `T`.
+pub(crate) trait EntryControl: Send + Sync {
+    fn id(&self) -> u64;
+    /// See [`Subscriber::deactivate`].
+    fn deactivate(&self) -> bool;
+    /// See [`Sink::running`].
+    fn running(&self) -> Option<Arc<Running>>;
+}
+
+impl<T, S: Tracked + Send + Sync> EntryControl for Subscriber<T, S> {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn deactivate(&self) -> bool {
+        Subscriber::deactivate(self)
+    }
+
+    fn running(&self) -> Option<Arc<Running>> {
+        self.sink.running()
+    }
+}
+
+/// A stream's deliveries are pushes its publisher makes: none run later.
+impl<T> Tracked for Mailbox<T> {
+    fn running(&self) -> Option<Arc<Running>> {
+        None
+    }
+}
+
+/// Adapts a [`Handler`] to a sink.
+pub(crate) struct SyncSink<H>(pub(crate) H);
+
+impl<H> Tracked for SyncSink<H> {
+    fn running(&self) -> Option<Arc<Running>> {
+        None
+    }
+}
+
+impl<T, H: Handler<T>> Sink<T> for SyncSink<H> {
+    #[inline]
+    fn deliver(&self, message: &Arc<Message<T>>) -> Option<BoxFuture> {
+        self.0.handle(message);
+        None
+    }
+}
+
+/// Adapts an async handler (a closure returning a future) to a sink, counting
+/// its deliveries still running.
+pub(crate) struct AsyncSink<F> {
+    handler: F,
+    running: Arc<Running>,
+}
+
+impl<F> AsyncSink<F> {
+    pub(crate) fn new(handler: F) -> Self {
+        Self {
+            handler,
+            running: Arc::new(Running::new()),
+        }
+    }
+}
+
+impl<T, F, Fut> Sink<T> for AsyncSink<F>
+where
+    F: Fn(Arc<Message<T>>) -> Fut + Send + Sync,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    fn deliver(&self, message: &Arc<Message<T>>) -> Option<BoxFuture> {
+        let future = (self.handler)(Arc::clone(message));
+        Some(Box::pin(self.running.track(future)))
+    }
+}
+
+impl<F> Tracked for AsyncSink<F> {
+    fn running(&self) -> Option<Arc<Running>> {
+        Some(Arc::clone(&self.running))
+    }
+}

@@ -1,0 +1,162 @@
+//! A stream subscription's mailbox: a bounded queue publishers push into and
+//! one [`Receiver`](crate::Receiver) pops from.
+//!
+//! # Contract
+//! - **Bounded, drop-oldest**: a push into a full mailbox displaces the
+//!   oldest message and counts it in `lost`. A push never blocks and runs no
+//!   user code, so publishers do it themselves, in publish order.
+//! - **Closing** (the bus closed or dropped) refuses further pushes (each
+//!   counted as lost); the reader still drains what is queued, then sees the
+//!   end.
+//! - **Nothing is lost uncounted** when the reader goes away; see below.
+//!
+//! # A receiver dropped during a push
+//! A publisher checks `closed` before it pushes, so a push can land after
+//! `Receiver::drop` has closed the mailbox and drained it. Closing cannot
+//! cover that (and `Bus::close` closes mailboxes too, yet their readers keep
+//! reading), so the mailbox has a second flag, `reader_gone`, set only by
+//! the drop. The drop sets it, issues a `SeqCst` fence and drains; a
+//! publisher pushes, issues a `SeqCst` fence and reads it. The two fences
+//! are ordered one way or the other: either the publisher sees the flag and
+//! drains the mailbox itself, or the drop's drain sees the message (or both,
+//! and each pops different messages). Whoever pops a message counts it as
+//! dropped, so each is counted once.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use crate::message::Message;
+use crate::sync::queue::ArrayQueue;
+use crate::sync::{fence, AtomicBool, AtomicU64, Ordering, WakerSlot};
+
+/// A stream subscription's bounded, drop-oldest queue.
+pub(crate) struct Mailbox<T> {
+    queue: ArrayQueue<Arc<Message<T>>>,
+    waker: WakerSlot,
+    /// Messages pushed out by newer ones, or refused because it was closed.
+    lost: AtomicU64,
+    /// No more pushes: the bus closed, or the reader is gone. A reader still
+    /// drains what is queued.
+    closed: AtomicBool,
+    /// Set by the receiver's drop, before it drains: nobody will take from
+    /// this mailbox again. See the module docs.
+    reader_gone: AtomicBool,
+}
+
+impl<T> Mailbox<T> {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            queue: ArrayQueue::new(capacity),
+            waker: WakerSlot::new(),
+            lost: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            reader_gone: AtomicBool::new(false),
+        }
+    }
+
+    /// Pushes `message`; returns how many messages this push dropped, for
+    /// `Stats::dropped`: one if it was refused (closed) or pushed out the
+    /// oldest, plus any it cleared out of a mailbox whose receiver was
+    /// dropped meanwhile.
+    pub(crate) fn push(&self, message: Arc<Message<T>>) -> u64 {
+        if self.closed.load(Ordering::Acquire) {
+            self.lost.fetch_add(1, Ordering::Release);
+            return 1;
+        }
+        let mut dropped = 0;
+        if self.queue.force_push(message).is_some() {
+            // Release: a reader that sees the count also sees the push.
+            self.lost.fetch_add(1, Ordering::Release);
+            dropped = 1;
+        }
+        // Pairs with the fence in `reader_dropped`: either that drain sees
+        // this push, or this load sees the flag.
+        fence(Ordering::SeqCst);
+        if self.reader_gone.load(Ordering::Relaxed) {
+            return dropped + self.drain();
+        }
+        self.waker.wake();
+        dropped
+    }
+
+    /// Messages this mailbox dropped.
+    pub(crate) fn lost(&self) -> u64 {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// The receiver is being dropped: flags the mailbox, closes it and
+    /// empties it. Returns how many messages it took out (unread, so
+    /// dropped); a push racing this counts what it finds itself.
+    pub(crate) fn reader_dropped(&self) -> u64 {
+        self.reader_gone.store(true, Ordering::Relaxed);
+        self.closed.store(true, Ordering::Release);
+        // Pairs with the fence in `push`.
+        fence(Ordering::SeqCst);
+        self.drain()
+    }
+
+    /// Pops everything queued; returns how many.
+    fn drain(&self) -> u64 {
+        let mut popped = 0;
+        while self.queue.pop().is_some() {
+            popped += 1;
+        }
+        popped
+    }
+
+    pub(crate) fn poll_pop(&self, cx: &mut Context<'_>) -> Poll<Option<Arc<Message<T>>>> {
+        if let Some(message) = self.queue.pop() {
+            return Poll::Ready(Some(message));
+        }
+        self.waker.register(cx.waker());
+        // Re-check after registering: a push or close in between would
+        // otherwise wake nobody.
+        if let Some(message) = self.queue.pop() {
+            return Poll::Ready(Some(message));
+        }
+        if self.closed.load(Ordering::Acquire) {
+            // A push that raced the close may have landed after our pop.
+            return Poll::Ready(self.queue.pop());
+        }
+        Poll::Pending
+    }
+
+    /// A message if one is queued, without registering for a wake-up.
+    pub(crate) fn try_pop(&self) -> Result<Arc<Message<T>>, Popped> {
+        if let Some(message) = self.queue.pop() {
+            return Ok(message);
+        }
+        if self.closed.load(Ordering::Acquire) {
+            // A push that raced the close may have landed after our pop.
+            return self.queue.pop().ok_or(Popped::Closed);
+        }
+        Err(Popped::Empty)
+    }
+
+    /// Messages waiting.
+    pub(crate) fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.queue.capacity()
+    }
+}
+
+/// Why [`Mailbox::try_pop`] returned no message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Popped {
+    /// Nothing queued; more may come.
+    Empty,
+    /// Nothing queued and nothing will come.
+    Closed,
+}

@@ -1,0 +1,63 @@
+//! The registry: who is subscribed, and what a topic reaches.
+//!
+//! - `entry.rs` — one subscription's entry: its flag and its sink.
+//! - `mailbox.rs` — a stream subscription's bounded mailbox.
+//! - `subset.rs` — the subscriptions of one trie node, appendable in place.
+//! - `trie.rs` — the subscription trie: snapshot shape, one writer lock.
+//! - `route.rs` — the route cache: topic → the trie nodes it reaches.
+//! - `quiesce.rs` — grace periods: when no runner can still be delivering
+//!   to a removed subscription.
+//!
+//! # Readers never lock
+//! A publish finds its subscribers without taking a lock and without
+//! allocating on a route-cache hit: it reads the route cache (one slot
+//! load), loads each matched node's current subscriber set (a lock-free
+//! cell), and walks slots below a length it read with `Acquire`. Only
+//! `subscribe` and `unsubscribe` take the trie's one writer lock.
+//!
+//! # Invariants (each `debug_assert`ed where it is maintained)
+//! - A set's slots below its published length are filled and never change;
+//!   only the writer appends, and only above that length (`subset.rs`).
+//! - A set's `live` count equals its active entries, as counted under the
+//!   writer lock (`trie.rs`: deactivation happens under the lock too).
+//! - A route built at generation `g` is complete while the trie's generation
+//!   is `g`: every change of shape bumps it after becoming visible
+//!   (`trie.rs`, `route.rs`).
+//! - No user code (a closure's `Drop`) runs under the writer lock: writers
+//!   collect what they replace and drop it after unlocking (`trie.rs`).
+//! - Once a subscription's flag is cleared, a grace period ends only after
+//!   every runner that could have read it as active has left (`quiesce.rs`).
+//!
+//! Imports run one way: handles and the bus use the registry, dispatch
+//! reads it, and the registry depends only on `topic`, `message`,
+//! `handler` and `sync`. The entry knows nothing of the trie; a handle goes
+//! back to the trie through [`Registry`].
+
+pub(crate) mod entry;
+pub(crate) mod mailbox;
+pub(crate) mod quiesce;
+pub(crate) mod route;
+pub(crate) mod subset;
+pub(crate) mod trie;
+
+use entry::EntryControl;
+
+/// Which of a node's two subscriber sets an entry lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Handler subscriptions, sync and async.
+    Handlers,
+    /// Stream subscriptions.
+    Streams,
+}
+
+/// What a user's handle can ask of the trie it subscribed in, without
+/// knowing the bus's message type.
+pub(crate) trait Registry: Send + Sync {
+    /// Removes the entry subscribed under `filter`: clears its flag, then
+    /// tidies the trie. False if it was already removed.
+    fn remove(&self, filter: &str, kind: Kind, entry: &dyn EntryControl) -> bool;
+    /// Rebuilds `filter`'s set of `kind` without its dead entries, so they
+    /// are released now rather than at the next compaction.
+    fn compact(&self, filter: &str, kind: Kind);
+}
