@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::config::{Config, Overflow};
 use crate::dispatch::{Dispatcher, Env, Fanout, Policy, TaskGauge};
-use crate::error::Error;
+use crate::error::{Error, Rejected};
 use crate::handler::Handler;
 use crate::handles::{Receiver, Subscription};
 use crate::message::{Message, Metadata};
@@ -337,11 +337,32 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// deliveries had to be dropped.
     pub fn publish(&self, topic: &str, data: T) -> Result<usize, Error> {
         self.publish_message(topic, data, None)
+            .map_err(|rejected| rejected.error)
     }
 
     /// [`Self::publish`] with [`Metadata`] attached to the message.
     pub fn publish_with(&self, topic: &str, data: T, metadata: Metadata) -> Result<usize, Error> {
         self.publish_message(topic, data, Some(metadata))
+            .map_err(|rejected| rejected.error)
+    }
+
+    /// [`Self::publish`], but a value the bus refuses (it is closed, or the
+    /// topic is invalid) is handed back in the error instead of dropped, as
+    /// a channel's `send` does.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
+    /// use blazesub::Bus;
+    ///
+    /// let bus = Bus::<String>::builder().build()?;
+    /// bus.close().await?;
+    /// let refused = bus.try_publish("orders/1", "keep me".to_string()).unwrap_err();
+    /// assert!(matches!(refused.error, blazesub::Error::Closed));
+    /// assert_eq!(refused.value.as_deref(), Some("keep me"));
+    /// # Ok(()) }
+    /// ```
+    pub fn try_publish(&self, topic: &str, data: T) -> Result<usize, Rejected<T>> {
+        self.publish_message(topic, data, None)
     }
 
     fn publish_message(
@@ -349,11 +370,16 @@ impl<T: Send + Sync + 'static> Bus<T> {
         topic: &str,
         data: T,
         metadata: Option<Metadata>,
-    ) -> Result<usize, Error> {
+    ) -> Result<usize, Rejected<T>> {
         let inner = &*self.inner;
         let counters = &inner.env.counters;
-        let mut admitted = counters.begin_publish()?;
-        validate_topic(topic)?;
+        let mut admitted = match counters.begin_publish() {
+            Ok(admitted) => admitted,
+            Err(error) => return Err(Rejected::with_value(error, data)),
+        };
+        if let Err(error) = validate_topic(topic) {
+            return Err(Rejected::with_value(error.into(), data));
+        }
         let route = inner.routes.route(&inner.trie, topic);
         let message = Arc::new(Message::stamped(Arc::clone(&route.topic), data, metadata));
         counters.published();
@@ -365,10 +391,13 @@ impl<T: Send + Sync + 'static> Bus<T> {
             admitted.accept(job.total());
             let dropped = inner.dispatcher.dispatch(job, &inner.env);
             if dropped > 0 && inner.config.overflow == Overflow::Error {
-                return Err(Error::Overloaded {
-                    topic: topic.to_owned(),
-                    dropped,
-                    matched,
+                return Err(Rejected {
+                    error: Error::Overloaded {
+                        topic: topic.to_owned(),
+                        dropped,
+                        matched,
+                    },
+                    value: None,
                 });
             }
         }

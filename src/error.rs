@@ -78,3 +78,49 @@ pub enum Error {
     #[error("could not start a worker thread: {0}")]
     Spawn(#[source] std::io::Error),
 }
+
+/// A publish the bus refused, from [`Bus::try_publish`](crate::Bus::try_publish):
+/// why, and the value back when it never entered the bus.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Rejected<T> {
+    /// Why the publish failed.
+    pub error: Error,
+    /// The value published, handed back: `Some` when the bus refused it
+    /// outright ([`Error::Closed`], [`Error::Topic`]); `None` when it was
+    /// accepted and some deliveries were then dropped
+    /// ([`Error::Overloaded`]), since it reached other subscribers.
+    pub value: Option<T>,
+}
+
+impl<T> Rejected<T> {
+    pub(crate) fn with_value(error: Error, value: T) -> Self {
+        Self {
+            error,
+            value: Some(value),
+        }
+    }
+
+    /// The value, if it was handed back.
+    pub fn into_value(self) -> Option<T> {
+        self.value
+    }
+}
+
+impl<T> std::fmt::Display for Rejected<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<T: std::fmt::Debug> std::error::Error for Rejected<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<T> From<Rejected<T>> for Error {
+    fn from(rejected: Rejected<T>) -> Self {
+        rejected.error
+    }
+}

@@ -45,19 +45,54 @@
 //! (`CallerRuns`, the default), or it is dropped and counted (`Drop`,
 //! `Error`).
 //!
-//! # Guarantees
+//! # Delivery
 //! - A subscription that exists for the whole of a `publish` call, and is
 //!   still subscribed when its delivery starts, receives that message exactly
 //!   once, unless a policy you chose dropped it — then it is counted in
-//!   [`Stats::dropped`].
-//! - After `unsubscribe` (or drop) returns, no delivery to that subscription
-//!   that had not started will run, queued ones included.
+//!   [`Stats::dropped`]. Nothing accepted disappears uncounted, not even when
+//!   the runtime a `TaskPerSubscriber` bus runs on shuts down: its deliveries
+//!   are counted as dropped and [`Bus::inflight_messages`] returns to 0.
 //! - A stream subscription receives one publisher's messages in publish order;
-//!   handler subscriptions make no ordering promise.
+//!   handler subscriptions make no ordering promise (two calls of one handler
+//!   may run at once on different workers).
 //! - A panicking handler is caught and counted; nobody else notices.
 //! - Every queue is bounded; one publish allocates O(1) whatever the number
 //!   of subscribers.
+//! - A publish the bus refuses (closed, invalid topic) is an error; with
+//!   [`Bus::try_publish`] the value comes back in it ([`Rejected`]).
 //! - Topics follow MQTT 3.1.1/5.0 section 4.7; see [`topic`].
+//!
+//! # Unsubscribing
+//! Dropping a [`Subscription`] (or [`Receiver`]) or calling
+//! [`Subscription::unsubscribe`] removes it. When that returns, no delivery
+//! to it that had not yet *started* will run, queued ones included. A
+//! delivery starts when it checks the subscription's flag, just before the
+//! handler is called, so a call that started on another thread may still be
+//! running — or about to enter the handler — when `unsubscribe` returns:
+//! unsubscribing does not wait, so that a handler can unsubscribe itself.
+//! [`Subscription::unsubscribe_and_wait`] does wait: it returns once no call
+//! of that handler is running (a handler awaiting its own unsubscribe does
+//! not wait for itself).
+//!
+//! Once the calls that had started have finished, the handler closure is
+//! dropped, as closing a tokio channel drops what it owned: a `Sender` it
+//! captured closes its channel, a `Bus` clone it captured makes no cycle. In
+//! a handler set larger than 64 subscriptions on one filter, the release
+//! waits for that set's next compaction (once a quarter of it is dead);
+//! `unsubscribe_and_wait` compacts at once. Dropping anything from inside a
+//! handler — another `Subscription`, a `Receiver`, the bus — is safe: the bus
+//! never runs user `Drop` code while it holds a lock.
+//!
+//! # Closing
+//! [`Bus::close`] refuses new publishes and subscriptions at once
+//! ([`Error::Closed`]), waits for every accepted delivery to finish, then
+//! ends the streams (each reader still drains what it holds) and stops the
+//! workers. It gives up waiting after `Config::close_timeout`
+//! ([`Error::CloseTimeout`]), but the bus stays closed and the rest still
+//! happens: the streams end and the workers stop when the last accepted
+//! delivery finishes, whoever finishes it. So `close` is cancel-safe:
+//! dropping its future (`tokio::time::timeout`, `select!`) changes nothing
+//! but the waiting.
 //!
 //! # Lagging
 //! A stream subscription never holds up a publisher: when its mailbox is
@@ -111,7 +146,7 @@ struct ReadmeDoctest;
 pub use builder::BusBuilder;
 pub use bus::{Bus, ByteBus, Footprint};
 pub use config::{Batch, Config, DeliveryMode, Overflow};
-pub use error::Error;
+pub use error::{Error, Rejected};
 pub use handler::Handler;
 pub use handles::Subscription;
 pub use handles::{Receiver, RecvError, TryRecvError, TryRecvLaggedError};

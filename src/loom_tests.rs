@@ -1,6 +1,6 @@
 //! Model checks of the concurrent core with loom.
 //!
-//! Run with `RUSTFLAGS="--cfg loom" cargo test --release --lib loom`
+//! Run with `RUSTFLAGS="--cfg loom" cargo test --release --lib`
 //! (`.ci/run` does, in a target directory of its own). Under `--cfg loom`,
 //! `crate::sync` swaps in loom's atomics, mutexes, condition variables,
 //! threads and wakers, and model versions of the pool's channel and the

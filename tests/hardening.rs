@@ -588,3 +588,33 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
         std::thread::park_timeout(Duration::from_millis(10));
     }
 }
+
+// ---------------------------------------------------------------------------
+// 10. A refused publish hands the value back.
+// ---------------------------------------------------------------------------
+
+/// `try_publish` returns the value with the error when the bus refuses it
+/// (closed, bad topic), as a channel's `send` does; `publish` keeps its plain
+/// `Error`.
+#[test]
+fn a_refused_publish_hands_the_value_back() {
+    let rt = runtime(1);
+    let bus = Bus::<String>::builder()
+        .delivery(DeliveryMode::Inline)
+        .build()
+        .unwrap();
+    let _sub = bus.subscribe("a/+", |_| {}).unwrap();
+    assert_eq!(bus.try_publish("a/1", "sent".to_string()).unwrap(), 1);
+    let bad = bus.try_publish("a/+", "wildcard".to_string()).unwrap_err();
+    assert!(matches!(bad.error, blazesub::Error::Topic(_)), "{bad:?}");
+    assert_eq!(bad.into_value().as_deref(), Some("wildcard"));
+    rt.block_on(bus.close()).unwrap();
+    let closed = bus.try_publish("a/1", "late".to_string()).unwrap_err();
+    assert!(
+        matches!(closed.error, blazesub::Error::Closed),
+        "{closed:?}"
+    );
+    assert_eq!(closed.value.as_deref(), Some("late"));
+    assert_eq!(closed.to_string(), blazesub::Error::Closed.to_string());
+    assert_eq!(bus.stats().published, 1);
+}

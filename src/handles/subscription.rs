@@ -1,4 +1,4 @@
-//! Handler subscriptions: the [`Handler`] trait and the [`Subscription`] handle.
+//! Handler subscriptions: the [`Subscription`] handle.
 //!
 //! # Contract
 //! - A handler is called once per matching message, from whichever thread the
@@ -15,8 +15,13 @@
 //!   queued before; a handler call already running may finish. A delivery
 //!   *starts* when it checks the subscription's flag, immediately before
 //!   calling the handler (unsubscribing does not wait for running handlers,
-//!   so a handler may unsubscribe itself).
-//!   [`detach`](Subscription::detach) keeps it for the life of the bus.
+//!   so a handler may unsubscribe itself);
+//!   [`unsubscribe_and_wait`](Subscription::unsubscribe_and_wait) waits for
+//!   them (see `registry/quiesce.rs` for how). Once they have finished, the
+//!   handler closure is dropped. [`detach`](Subscription::detach) keeps it
+//!   for the life of the bus.
+//! - The handle reaches its entry through `EntryControl` and its trie,
+//!   weakly, through `Registry`: it never keeps the bus alive.
 
 use std::fmt;
 use std::sync::{Arc, Weak};
