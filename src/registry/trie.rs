@@ -23,8 +23,8 @@
 //!   at once, and an old set is pinned only by publishes still running on it.
 //! - **Removed entries are released promptly.** A set is compacted (rebuilt
 //!   from its live entries) on every removal while it is small
-//!   ([`EAGER_COMPACTION_LEN`] entries or fewer), and once a quarter of it is
-//!   dead otherwise, so each removal costs O(1) copies on average; a pruned
+//!   ([`EAGER_COMPACTION_LEN`] entries or fewer), and once half of it is dead
+//!   otherwise, so each removal costs O(1) copies on average; a pruned
 //!   node's sets are emptied. A removed handler's closure is therefore
 //!   dropped once the publishes already running on its old set finish.
 //! - **The generation** is bumped, after the change is visible, whenever a
@@ -42,6 +42,7 @@ use std::str::Split;
 use std::sync::Arc;
 
 use rustc_hash::{FxBuildHasher, FxHashMap};
+use smallvec::SmallVec;
 
 use super::entry::{EntryControl, Sink, Subscriber};
 use super::mailbox::Mailbox;
@@ -56,8 +57,25 @@ use crate::topic::is_system_topic;
 pub(crate) const EAGER_COMPACTION_LEN: usize = 64;
 
 /// Things a writer replaced, dropped once the writer lock is released (see
-/// the module docs).
-type Released = Vec<Box<dyn std::any::Any>>;
+/// the module docs). Inline storage: a subscribe or unsubscribe allocates
+/// nothing for it.
+pub(crate) struct Released<T> {
+    roots: SmallVec<[Arc<Node<T>>; 1]>,
+    nodes: SmallVec<[Arc<NodeSubs<T>>; 1]>,
+    handler_sets: SmallVec<[Arc<HandlerSet<T>>; 2]>,
+    stream_sets: SmallVec<[Arc<StreamSet<T>>; 2]>,
+}
+
+impl<T> Released<T> {
+    fn new() -> Self {
+        Self {
+            roots: SmallVec::new(),
+            nodes: SmallVec::new(),
+            handler_sets: SmallVec::new(),
+            stream_sets: SmallVec::new(),
+        }
+    }
+}
 
 type Children<T> =
     imbl::GenericHashMap<Arc<str>, Arc<Node<T>>, FxBuildHasher, imbl::shared_ptr::DefaultSharedPtr>;
@@ -157,6 +175,8 @@ impl<T> NodeSubs<T> {
 pub(crate) trait SetKind<T>: 'static {
     type Sink: ?Sized + 'static;
     fn cell(subs: &NodeSubs<T>) -> &ArcCell<SubSet<T, Self::Sink>>;
+    /// Keeps a replaced set of this kind for dropping after the lock.
+    fn release(released: &mut Released<T>, set: Arc<SubSet<T, Self::Sink>>);
 }
 
 /// Handler subscriptions (sync and async).
@@ -169,12 +189,18 @@ impl<T: 'static> SetKind<T> for Handlers {
     fn cell(subs: &NodeSubs<T>) -> &ArcCell<HandlerSet<T>> {
         &subs.handlers
     }
+    fn release(released: &mut Released<T>, set: Arc<HandlerSet<T>>) {
+        released.handler_sets.push(set);
+    }
 }
 
 impl<T: 'static> SetKind<T> for Streams {
     type Sink = Mailbox<T>;
     fn cell(subs: &NodeSubs<T>) -> &ArcCell<StreamSet<T>> {
         &subs.streams
+    }
+    fn release(released: &mut Released<T>, set: Arc<StreamSet<T>>) {
+        released.stream_sets.push(set);
     }
 }
 
@@ -277,7 +303,7 @@ impl<T: 'static> Trie<T> {
         writer: &mut Writer<T>,
         filter: &str,
         make: &mut Option<impl FnOnce(Arc<str>) -> Arc<Subscriber<T, K::Sink>>>,
-        released: &mut Released,
+        released: &mut Released<T>,
     ) -> Result<(), InsertError> {
         if writer.closed {
             return Err(InsertError::Closed);
@@ -290,9 +316,9 @@ impl<T: 'static> Trie<T> {
             let set = cell.load_full();
             if let Err(entry) = set.try_push(entry) {
                 // Routes hold the node, not the set: no generation bump.
-                released.push(Box::new(cell.swap(Arc::new(set.grown(entry)))));
+                K::release(released, cell.swap(Arc::new(set.grown(entry))));
             }
-            released.push(Box::new(set));
+            K::release(released, set);
             return Ok(());
         }
         let subs = Arc::new(NodeSubs::new(filter));
@@ -304,7 +330,7 @@ impl<T: 'static> Trie<T> {
         let root = self.root.load_full();
         let mut created = 0isize;
         let new_root = with_subs(&root, filter.split('/'), Some(subs), &mut created);
-        released.push(Box::new(root));
+        released.roots.push(root);
         self.replace_root(new_root, created, released);
         Ok(())
     }
@@ -326,7 +352,7 @@ impl<T: 'static> Trie<T> {
         writer: &mut Writer<T>,
         filter: &str,
         entry: &dyn EntryControl,
-        released: &mut Released,
+        released: &mut Released<T>,
     ) -> bool {
         // Deactivating under the writer lock keeps each set's `live` count
         // exact: a rebuild (also under the lock) sees the flag and the count
@@ -348,18 +374,22 @@ impl<T: 'static> Trie<T> {
         if subs.live() == 0 {
             writer.by_filter.remove(filter);
             // Routes may still hold this node: empty it, so they pin nothing.
-            released.push(Box::new(subs.handlers.swap(Arc::new(SubSet::empty()))));
-            released.push(Box::new(subs.streams.swap(Arc::new(SubSet::empty()))));
+            released
+                .handler_sets
+                .push(subs.handlers.swap(Arc::new(SubSet::empty())));
+            released
+                .stream_sets
+                .push(subs.streams.swap(Arc::new(SubSet::empty())));
             let root = self.root.load_full();
             let mut created = 0isize;
             let new_root = with_subs(&root, filter.split('/'), None, &mut created);
-            released.push(Box::new(root));
+            released.roots.push(root);
             self.replace_root(new_root, created, released);
-        } else if set.len() <= EAGER_COMPACTION_LEN || set.dead() * 4 >= set.len() {
-            released.push(Box::new(cell.swap(Arc::new(set.compacted()))));
+        } else if set.len() <= EAGER_COMPACTION_LEN || set.dead() >= set.live() {
+            K::release(released, cell.swap(Arc::new(set.compacted())));
         }
-        released.push(Box::new(subs));
-        released.push(Box::new(set));
+        released.nodes.push(subs);
+        K::release(released, set);
         true
     }
 
@@ -374,17 +404,17 @@ impl<T: 'static> Trie<T> {
                 let cell = K::cell(subs);
                 let set = cell.load_full();
                 if set.dead() > 0 {
-                    released.push(Box::new(cell.swap(Arc::new(set.compacted()))));
+                    K::release(&mut released, cell.swap(Arc::new(set.compacted())));
                 }
-                released.push(Box::new(set));
+                K::release(&mut released, set);
             }
         }
         drop(released);
     }
 
-    fn replace_root(&self, root: Option<Node<T>>, created: isize, released: &mut Released) {
+    fn replace_root(&self, root: Option<Node<T>>, created: isize, released: &mut Released<T>) {
         let old = self.root.swap(Arc::new(root.unwrap_or_else(Node::empty)));
-        released.push(Box::new(old));
+        released.roots.push(old);
         self.bump();
         if created >= 0 {
             self.nodes
