@@ -26,6 +26,8 @@
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
+use smallvec::{smallvec, SmallVec};
+
 use super::entry::{Sink, Subscriber};
 use super::mailbox::Mailbox;
 use crate::sync::{AtomicUsize, Ordering};
@@ -44,11 +46,15 @@ pub(crate) type StreamSet<T> = SubSet<T, Mailbox<T>>;
 /// The smallest capacity a non-empty set is given.
 const MIN_CAPACITY: usize = 4;
 
+/// Segments of a set, inline while there are few: a compacted set (one
+/// segment) costs two allocations, its segment and the set itself.
+type Segments<T, S> = SmallVec<[Segment<T, S>; 2]>;
+
 pub(crate) struct SubSet<T, S: ?Sized> {
     /// Segments in order; together they hold `capacity` slots.
-    segments: Box<[Segment<T, S>]>,
+    segments: Segments<T, S>,
     /// Where each segment starts.
-    starts: Box<[usize]>,
+    starts: SmallVec<[usize; 2]>,
     capacity: usize,
     len: AtomicUsize,
     live: AtomicUsize,
@@ -56,10 +62,10 @@ pub(crate) struct SubSet<T, S: ?Sized> {
 
 impl<T, S: ?Sized> SubSet<T, S> {
     pub(crate) fn empty() -> Self {
-        Self::from_parts(Box::new([]), 0, 0)
+        Self::from_parts(Segments::new(), 0, 0)
     }
 
-    fn from_parts(segments: Box<[Segment<T, S>]>, len: usize, live: usize) -> Self {
+    fn from_parts(segments: Segments<T, S>, len: usize, live: usize) -> Self {
         let mut capacity = 0;
         let starts = segments
             .iter()
@@ -165,7 +171,7 @@ impl<T, S: ?Sized> SubSet<T, S> {
     /// twice the room, sharing every segment of this one.
     pub(crate) fn grown(&self, entry: Arc<Subscriber<T, S>>) -> Self {
         let added = new_segment(self.capacity.max(MIN_CAPACITY));
-        let segments = self.segments.iter().cloned().chain([added]).collect();
+        let segments: Segments<T, S> = self.segments.iter().cloned().chain([added]).collect();
         let len = self.len.load(Ordering::Relaxed);
         let grown = Self::from_parts(segments, len, self.live());
         if grown.try_push(entry).is_err() {
@@ -178,23 +184,28 @@ impl<T, S: ?Sized> SubSet<T, S> {
     /// segment with room for as many again.
     pub(crate) fn compacted(&self) -> Self {
         let len = self.len.load(Ordering::Relaxed);
-        let live: Vec<Arc<Subscriber<T, S>>> = self
-            .entries(len)
-            .filter(|entry| entry.is_active())
-            .cloned()
-            .collect();
-        if live.is_empty() {
+        let count = self.live();
+        if count == 0 {
             return Self::empty();
         }
-        let count = live.len();
         let capacity = (count * 2).max(MIN_CAPACITY);
-        let segment: Segment<T, S> = live
-            .into_iter()
-            .map(OnceLock::from)
-            .chain(std::iter::repeat_with(OnceLock::new))
-            .take(capacity)
+        let mut live = self.entries(len).filter(|entry| entry.is_active());
+        let mut filled = 0;
+        // Mapping a range collects straight into the segment's allocation.
+        let segment: Segment<T, S> = (0..capacity)
+            .map(|_| match live.next() {
+                Some(entry) => {
+                    filled += 1;
+                    OnceLock::from(Arc::clone(entry))
+                }
+                None => OnceLock::new(),
+            })
             .collect();
-        Self::from_parts(Box::new([segment]), count, count)
+        debug_assert!(
+            filled == count && live.next().is_none(),
+            "the live count disagrees with the active entries"
+        );
+        Self::from_parts(smallvec![segment], filled, filled)
     }
 }
 
