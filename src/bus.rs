@@ -25,7 +25,9 @@ use crate::registry::quiesce::Quiescence;
 use crate::registry::route::{Route, RouteCache};
 use crate::registry::trie::{Handlers, InsertError, Streams, Trie};
 use crate::registry::{Kind, Registry};
+use crate::reserve::{reserve_now, reserve_waiting, NoRoom, Reservations};
 use crate::stats::{Counters, Stats};
+use crate::stream_options::{StreamOptions, StreamOverflow};
 use crate::sync::{AtomicU64, Ordering};
 use crate::topic::{validate_filter, validate_topic};
 
@@ -283,6 +285,41 @@ impl<T: Send + Sync + 'static> Bus<T> {
         filter: &str,
         capacity: usize,
     ) -> Result<Receiver<T>, Error> {
+        self.subscribe_stream_with(filter, StreamOptions::new(capacity))
+    }
+
+    /// Subscribes a stream with its own mailbox size and overflow policy
+    /// ([`StreamOverflow`]): drop the oldest (the default), drop the newest,
+    /// hold publishers back (lossless), or disconnect the slow reader.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
+    /// use blazesub::{Bus, RecvError, StreamOptions, StreamOverflow};
+    ///
+    /// let bus = Bus::<u32>::builder().build()?;
+    /// let mut slow = bus.subscribe_stream_with(
+    ///     "ticks",
+    ///     StreamOptions::new(2).overflow(StreamOverflow::Disconnect),
+    /// )?;
+    /// for tick in 0..3 {
+    ///     bus.publish("ticks", tick)?; // the third does not fit
+    /// }
+    /// assert_eq!(slow.recv_lagged().await.unwrap_err(), RecvError::Lagged(1));
+    /// assert_eq!(*slow.recv_lagged().await.unwrap().data(), 0);
+    /// assert_eq!(*slow.recv_lagged().await.unwrap().data(), 1);
+    /// assert_eq!(slow.recv_lagged().await.unwrap_err(), RecvError::Disconnected);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a capacity of 0, besides those
+    /// of `subscribe_stream`.
+    pub fn subscribe_stream_with(
+        &self,
+        filter: &str,
+        options: StreamOptions,
+    ) -> Result<Receiver<T>, Error> {
+        let capacity = options.capacity();
+        let overflow = options.overflow_policy();
         validate_filter(filter)?;
         if capacity == 0 {
             return Err(Error::InvalidArgument {
@@ -293,15 +330,29 @@ impl<T: Send + Sync + 'static> Bus<T> {
         }
         self.check_open()?;
         let id = self.next_id();
+        let lossless = overflow == StreamOverflow::Backpressure;
+        if lossless {
+            // Counted before the entry is visible: a publish that can see it
+            // also sees the count, and reserves room in it.
+            self.inner.env.counters.lossless_added();
+        }
         let mut made = None;
         self.inner
             .trie
             .insert::<Streams>(filter, |filter| {
-                let entry = Arc::new(Subscriber::new(id, Mailbox::new(capacity)));
+                let entry = Arc::new(Subscriber::new(
+                    id,
+                    Mailbox::with_overflow(capacity, overflow),
+                ));
                 made = Some((Arc::clone(&entry), filter));
                 entry
             })
-            .map_err(|InsertError::Closed| Error::Closed)?;
+            .map_err(|InsertError::Closed| {
+                if lossless {
+                    self.inner.env.counters.lossless_removed();
+                }
+                Error::Closed
+            })?;
         let (entry, filter) = made.expect("insert made the entry");
         let subscription = self.handle(
             Arc::clone(&entry) as Arc<dyn EntryControl>,
@@ -336,13 +387,13 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// after `close`, and [`Error::Overloaded`] under `Overflow::Error` when
     /// deliveries had to be dropped.
     pub fn publish(&self, topic: &str, data: T) -> Result<usize, Error> {
-        self.publish_message(topic, data, None)
+        self.publish_message(topic, data, None, None)
             .map_err(|rejected| rejected.error)
     }
 
     /// [`Self::publish`] with [`Metadata`] attached to the message.
     pub fn publish_with(&self, topic: &str, data: T, metadata: Metadata) -> Result<usize, Error> {
-        self.publish_message(topic, data, Some(metadata))
+        self.publish_message(topic, data, Some(metadata), None)
             .map_err(|rejected| rejected.error)
     }
 
@@ -362,7 +413,55 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// # Ok(()) }
     /// ```
     pub fn try_publish(&self, topic: &str, data: T) -> Result<usize, Rejected<T>> {
-        self.publish_message(topic, data, None)
+        self.publish_message(topic, data, None, None)
+    }
+
+    /// Publishes `data` to `topic`, first waiting until every lossless
+    /// ([`StreamOverflow::Backpressure`]) mailbox it reaches has room, then
+    /// delivering to every subscriber at once. Without lossless subscribers
+    /// it is [`Self::publish`].
+    ///
+    /// Cancel-safe: dropped before it completes, it has delivered nothing
+    /// and holds no reserved room. Waiting publishers are served in order.
+    /// A lossless mailbox whose receiver is dropped (or a bus that closes)
+    /// releases the publishers waiting on it at once.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
+    /// use blazesub::{Bus, StreamOptions, StreamOverflow};
+    ///
+    /// let bus = Bus::<u32>::builder().build()?;
+    /// let mut audit = bus.subscribe_stream_with(
+    ///     "audit/#",
+    ///     StreamOptions::new(2).overflow(StreamOverflow::Backpressure),
+    /// )?;
+    /// bus.publish("audit/a", 1)?;
+    /// bus.publish("audit/a", 2)?;
+    /// // Full: `publish` refuses and reaches no one ...
+    /// assert!(matches!(bus.publish("audit/a", 3), Err(blazesub::Error::Full { .. })));
+    /// // ... `publish_async` waits for the reader.
+    /// let reader = tokio::spawn(async move {
+    ///     let mut seen = Vec::new();
+    ///     while seen.len() < 3 {
+    ///         seen.push(*audit.recv().await.unwrap().data());
+    ///     }
+    ///     seen
+    /// });
+    /// bus.publish_async("audit/a", 3).await?;
+    /// assert_eq!(reader.await.unwrap(), [1, 2, 3]);
+    /// # Ok(()) }
+    /// ```
+    pub async fn publish_async(&self, topic: &str, data: T) -> Result<usize, Error> {
+        validate_topic(topic)?;
+        self.check_open()?;
+        if !self.inner.env.counters.has_lossless_streams() {
+            return self.publish(topic, data);
+        }
+        let route = self.inner.routes.route(&self.inner.trie, topic);
+        let reservations = reserve_waiting(&route).await;
+        drop(route);
+        self.publish_message(topic, data, None, Some(reservations))
+            .map_err(|rejected| rejected.error)
     }
 
     fn publish_message(
@@ -370,6 +469,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         topic: &str,
         data: T,
         metadata: Option<Metadata>,
+        reserved: Option<Reservations<T>>,
     ) -> Result<usize, Rejected<T>> {
         let inner = &*self.inner;
         let counters = &inner.env.counters;
@@ -381,9 +481,23 @@ impl<T: Send + Sync + 'static> Bus<T> {
             return Err(Rejected::with_value(error.into(), data));
         }
         let route = inner.routes.route(&inner.trie, topic);
+        let mut reservations = match reserved {
+            Some(reservations) => reservations,
+            None if counters.has_lossless_streams() => match reserve_now(&route) {
+                Ok(reservations) => reservations,
+                Err(NoRoom { capacity }) => {
+                    let full = Error::Full {
+                        topic: topic.to_owned(),
+                        capacity,
+                    };
+                    return Err(Rejected::with_value(full, data));
+                }
+            },
+            None => Reservations::none(),
+        };
         let message = Arc::new(Message::stamped(Arc::clone(&route.topic), data, metadata));
         counters.published();
-        let mut matched = push_to_streams(&route, &message, counters);
+        let mut matched = push_to_streams(&route, &message, counters, &mut reservations);
         let sets = route.handler_sets();
         drop(route);
         matched += sets.iter().map(|set| set.live()).sum::<usize>();
@@ -402,6 +516,41 @@ impl<T: Send + Sync + 'static> Bus<T> {
             }
         }
         Ok(matched)
+    }
+
+    /// Whether a publish to `topic` would reach anyone now: skip building an
+    /// expensive message nobody reads. Answered from the route cache (no
+    /// lock, no allocation once the topic's route is cached). `false` for an
+    /// invalid topic name, which no publish could use.
+    ///
+    /// ```
+    /// use blazesub::{Bus, DeliveryMode};
+    ///
+    /// let bus = Bus::<String>::builder().delivery(DeliveryMode::Inline).build()?;
+    /// assert!(!bus.has_subscribers("reports/daily"));
+    /// let _sub = bus.subscribe("reports/+", |_| {})?;
+    /// if bus.has_subscribers("reports/daily") {
+    ///     bus.publish("reports/daily", "an expensive report".to_string())?;
+    /// }
+    /// assert_eq!(bus.subscribers("reports/daily"), 1);
+    /// # Ok::<(), blazesub::Error>(())
+    /// ```
+    #[inline]
+    pub fn has_subscribers(&self, topic: &str) -> bool {
+        self.subscribers(topic) > 0
+    }
+
+    /// How many subscriptions a publish to `topic` would reach now (0 for an
+    /// invalid topic name). Like [`Self::has_subscribers`], a route-cache
+    /// read.
+    pub fn subscribers(&self, topic: &str) -> usize {
+        if validate_topic(topic).is_err() {
+            return 0;
+        }
+        self.inner
+            .routes
+            .route(&self.inner.trie, topic)
+            .subscribers()
     }
 
     /// Live subscriptions (handlers and streams).
@@ -495,16 +644,31 @@ impl<T: Send + Sync + 'static> BusInner<T> {
 
 /// Pushes `message` into every active mailbox of the route; returns how many
 /// stream subscriptions matched.
-fn push_to_streams<T>(route: &Route<T>, message: &Arc<Message<T>>, counters: &Counters) -> usize {
+fn push_to_streams<T>(
+    route: &Route<T>,
+    message: &Arc<Message<T>>,
+    counters: &Counters,
+    reservations: &mut Reservations<T>,
+) -> usize {
     let mut matched = 0;
     let mut dropped = 0;
     route.for_each_stream_set(|set| {
         for entry in set.entries(set.len()) {
-            if !entry.is_active() {
+            if !entry.is_active() || entry.sink.disconnected() {
+                continue;
+            }
+            let reserved = reservations.take(entry);
+            if reserved.is_none() && entry.sink.overflow() == StreamOverflow::Backpressure {
+                // A lossless subscription this publish made no room in: it
+                // appeared after the reservations (see `reserve.rs`).
                 continue;
             }
             matched += 1;
-            dropped += entry.sink.push(Arc::clone(message));
+            let pushed = entry.sink.push(Arc::clone(message), reserved);
+            dropped += pushed.dropped;
+            if pushed.disconnected {
+                counters.disconnected();
+            }
         }
     });
     if dropped > 0 {

@@ -74,6 +74,18 @@ pub enum Error {
         matched: usize,
     },
 
+    /// `publish` found a lossless ([`StreamOverflow::Backpressure`](crate::StreamOverflow::Backpressure))
+    /// mailbox among its targets full, and so reached no subscriber at all.
+    /// Retry later, or use [`Bus::publish_async`](crate::Bus::publish_async),
+    /// which waits for room.
+    #[error("publishing to {topic:?} reached no one: a lossless stream subscription's mailbox ({capacity} messages) is full")]
+    Full {
+        /// The topic published to.
+        topic: String,
+        /// The full mailbox's capacity.
+        capacity: usize,
+    },
+
     /// The operating system refused to start a worker thread.
     #[error("could not start a worker thread: {0}")]
     Spawn(#[source] std::io::Error),

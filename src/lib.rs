@@ -131,7 +131,9 @@ mod handler;
 mod handles;
 mod message;
 mod registry;
+mod reserve;
 mod stats;
+mod stream_options;
 mod sync;
 pub mod topic;
 
@@ -152,3 +154,4 @@ pub use handles::Subscription;
 pub use handles::{Receiver, RecvError, TryRecvError, TryRecvLaggedError};
 pub use message::{Message, Metadata};
 pub use stats::Stats;
+pub use stream_options::{StreamOptions, StreamOverflow};

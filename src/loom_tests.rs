@@ -152,7 +152,7 @@ fn loom_mailbox_push_overflow_and_close() {
             let mailbox = Arc::clone(&mailbox);
             thread::spawn(move || {
                 for value in 0..3 {
-                    mailbox.push(Arc::new(Message::new("s", value)));
+                    mailbox.push(Arc::new(Message::new("s", value)), None);
                 }
                 mailbox.close();
             })
@@ -182,7 +182,7 @@ fn loom_mailbox_wakes_a_waiting_reader() {
         let producer = {
             let mailbox = Arc::clone(&mailbox);
             thread::spawn(move || {
-                mailbox.push(Arc::new(Message::new("s", 7)));
+                mailbox.push(Arc::new(Message::new("s", 7)), None);
                 taken_rx.recv().unwrap();
                 mailbox.close();
             })
@@ -209,7 +209,11 @@ fn loom_mailbox_counts_a_push_racing_the_reader_drop() {
             let mailbox = Arc::clone(&mailbox);
             thread::spawn(move || {
                 (0..2)
-                    .map(|value| mailbox.push(Arc::new(Message::new("s", value))))
+                    .map(|value| {
+                        mailbox
+                            .push(Arc::new(Message::new("s", value)), None)
+                            .dropped
+                    })
                     .sum::<u64>()
             })
         };

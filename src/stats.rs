@@ -60,6 +60,10 @@ pub struct Stats {
     /// Live subscriptions (as
     /// [`Bus::subscriptions_count`](crate::Bus::subscriptions_count)).
     pub subscriptions: u64,
+    /// Stream subscriptions closed because a message did not fit
+    /// ([`StreamOverflow::Disconnect`](crate::StreamOverflow::Disconnect));
+    /// the message that did not fit is in `dropped`.
+    pub disconnects: u64,
 }
 
 /// The `work` word: bit 63 is `CLOSED`, bits 40–62 count publish tokens,
@@ -77,6 +81,10 @@ pub(crate) struct Counters {
     dropped: AtomicU64,
     handler_panics: AtomicU64,
     caller_runs: AtomicU64,
+    disconnects: AtomicU64,
+    /// Live lossless (`Backpressure`) stream subscriptions: while there are
+    /// none, a publish skips reserving room.
+    lossless_streams: AtomicU64,
     /// `CLOSED` | publish tokens | deliveries in flight; see [`CLOSED`].
     work: CachePadded<AtomicU64>,
     drain_lock: Mutex<()>,
@@ -139,6 +147,8 @@ impl Counters {
             dropped: AtomicU64::new(0),
             handler_panics: AtomicU64::new(0),
             caller_runs: AtomicU64::new(0),
+            disconnects: AtomicU64::new(0),
+            lossless_streams: AtomicU64::new(0),
             work: CachePadded::new(AtomicU64::new(0)),
             drain_lock: Mutex::new(()),
             drained: Condvar::new(),
@@ -214,6 +224,25 @@ impl Counters {
         self.dropped.fetch_add(dropped, Ordering::Relaxed);
     }
 
+    /// A mailbox closed under `StreamOverflow::Disconnect`.
+    pub(crate) fn disconnected(&self) {
+        self.disconnects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn lossless_added(&self) {
+        self.lossless_streams.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn lossless_removed(&self) {
+        self.lossless_streams.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Whether a publish must reserve room in lossless mailboxes.
+    #[inline]
+    pub(crate) fn has_lossless_streams(&self) -> bool {
+        self.lossless_streams.load(Ordering::SeqCst) > 0
+    }
+
     pub(crate) fn caller_ran(&self) {
         self.caller_runs.fetch_add(1, Ordering::Relaxed);
     }
@@ -233,6 +262,7 @@ impl Counters {
             inflight: self.inflight(),
             // Filled in by the bus, which owns the trie that counts them.
             subscriptions: 0,
+            disconnects: self.disconnects.load(Ordering::Relaxed),
         }
     }
 

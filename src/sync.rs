@@ -85,6 +85,16 @@ pub(crate) mod queue {
             }
         }
 
+        /// Pushes unless full; hands the item back if it is.
+        pub(crate) fn push(&self, item: T) -> Result<(), T> {
+            let mut items = self.items.lock().unwrap();
+            if items.len() == self.capacity {
+                return Err(item);
+            }
+            items.push_back(item);
+            Ok(())
+        }
+
         /// Pushes, dropping and returning the oldest item if full.
         pub(crate) fn force_push(&self, item: T) -> Option<T> {
             let mut items = self.items.lock().unwrap();

@@ -75,6 +75,12 @@ pub enum RecvError {
     /// and this receiver has taken every message and heard of every loss.
     #[error("the bus is closed and this receiver has taken every message")]
     Closed,
+    /// The stream was cut because a message did not fit in its full mailbox
+    /// ([`StreamOverflow::Disconnect`](crate::StreamOverflow::Disconnect)).
+    /// The receiver has taken every message it held; the one that did not
+    /// fit was reported as `Lagged` first.
+    #[error("the stream was disconnected: its mailbox was full and a message did not fit")]
+    Disconnected,
 }
 
 /// Why [`Receiver::try_recv_lagged`] returned no message: [`RecvError`], or
@@ -90,6 +96,9 @@ pub enum TryRecvLaggedError {
     /// As [`RecvError::Closed`].
     #[error("the bus is closed and this receiver has taken every message")]
     Closed,
+    /// As [`RecvError::Disconnected`].
+    #[error("the stream was disconnected: its mailbox was full and a message did not fit")]
+    Disconnected,
 }
 
 impl From<RecvError> for TryRecvLaggedError {
@@ -97,6 +106,7 @@ impl From<RecvError> for TryRecvLaggedError {
         match error {
             RecvError::Lagged(n) => Self::Lagged(n),
             RecvError::Closed => Self::Closed,
+            RecvError::Disconnected => Self::Disconnected,
         }
     }
 }
@@ -166,12 +176,21 @@ impl<T> Receiver<T> {
 
     /// The mailbox is closed and empty: a last lag if there is one, else the
     /// end.
+    /// Why the stream ended: cut by its overflow policy, or closed.
+    fn end_reason(&self) -> RecvError {
+        if self.entry.sink.disconnected() {
+            RecvError::Disconnected
+        } else {
+            RecvError::Closed
+        }
+    }
+
     fn ended(&mut self) -> RecvError {
         match self.take_lag() {
             Some(lag) => RecvError::Lagged(lag),
             None => {
                 self.terminated = true;
-                RecvError::Closed
+                self.end_reason()
             }
         }
     }
@@ -246,7 +265,7 @@ impl<T> Receiver<T> {
     ///     match ticks.recv_lagged().await {
     ///         Ok(m) => seen.push(format!("tick {}", m.data())),
     ///         Err(RecvError::Lagged(n)) => seen.push(format!("lost {n}")),
-    ///         Err(RecvError::Closed) => break,
+    ///         Err(RecvError::Closed | RecvError::Disconnected) => break,
     ///     }
     /// }
     /// assert_eq!(seen, ["lost 3", "tick 3", "tick 4"]);
@@ -266,7 +285,7 @@ impl<T> Receiver<T> {
             return Poll::Ready(Err(RecvError::Lagged(lag)));
         }
         if self.terminated {
-            return Poll::Ready(Err(RecvError::Closed));
+            return Poll::Ready(Err(self.end_reason()));
         }
         match self.entry.sink.poll_pop(cx) {
             Poll::Ready(Some(message)) => Poll::Ready(Ok(self.took(message))),
@@ -296,7 +315,7 @@ impl<T> Receiver<T> {
             return Err(TryRecvLaggedError::Lagged(lag));
         }
         if self.terminated {
-            return Err(TryRecvLaggedError::Closed);
+            return Err(self.end_reason().into());
         }
         match self.entry.sink.try_pop() {
             Ok(message) => Ok(self.took(message)),
@@ -343,6 +362,9 @@ impl<T> Receiver<T> {
 impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
         self.subscription.remove_now();
+        if self.entry.sink.room().is_some() {
+            self.counters.lossless_removed();
+        }
         let unread = self.entry.sink.reader_dropped();
         if unread > 0 {
             self.counters.dropped_now(unread);

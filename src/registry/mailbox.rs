@@ -25,12 +25,25 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
 use crate::message::Message;
+use crate::stream_options::StreamOverflow;
 use crate::sync::queue::ArrayQueue;
 use crate::sync::{fence, AtomicBool, AtomicU64, Ordering, WakerSlot};
 
-/// A stream subscription's bounded, drop-oldest queue.
+/// A stream subscription's bounded queue, with its overflow policy.
 pub(crate) struct Mailbox<T> {
+    overflow: StreamOverflow,
+    /// `Backpressure` only: slots neither occupied nor reserved. A publisher
+    /// takes a permit per mailbox before it delivers (reserve, then
+    /// deliver); the permit is forgotten when its message is queued and
+    /// given back when the reader takes the message. Closing the semaphore
+    /// releases waiting publishers when the mailbox closes. tokio's
+    /// semaphore serves waiters in order, so no publisher starves another.
+    room: Option<Arc<Semaphore>>,
+    /// Set when a push did not fit under `Disconnect`.
+    disconnected: AtomicBool,
     queue: ArrayQueue<Arc<Message<T>>>,
     waker: WakerSlot,
     /// Messages pushed out by newer ones, or refused because it was closed.
@@ -44,8 +57,18 @@ pub(crate) struct Mailbox<T> {
 }
 
 impl<T> Mailbox<T> {
+    /// A drop-oldest mailbox of `capacity` messages.
+    #[cfg(all(test, loom))]
     pub(crate) fn new(capacity: usize) -> Self {
+        Self::with_overflow(capacity, StreamOverflow::DropOldest)
+    }
+
+    pub(crate) fn with_overflow(capacity: usize, overflow: StreamOverflow) -> Self {
         Self {
+            overflow,
+            room: (overflow == StreamOverflow::Backpressure)
+                .then(|| Arc::new(Semaphore::new(capacity))),
+            disconnected: AtomicBool::new(false),
             queue: ArrayQueue::new(capacity),
             waker: WakerSlot::new(),
             lost: AtomicU64::new(0),
@@ -54,17 +77,50 @@ impl<T> Mailbox<T> {
         }
     }
 
-    /// Pushes `message`; returns how many messages this push dropped, for
-    /// `Stats::dropped`: one if it was refused (closed) or pushed out the
-    /// oldest, plus any it cleared out of a mailbox whose receiver was
-    /// dropped meanwhile.
-    pub(crate) fn push(&self, message: Arc<Message<T>>) -> u64 {
+    /// Pushes `message` under the mailbox's policy; returns how many
+    /// messages this push dropped, for `Stats::dropped`: one if it was
+    /// refused (closed, full under `DropNewest`, `Disconnect` or an
+    /// unreserved `Backpressure` push) or pushed out the oldest, plus any it
+    /// cleared out of a mailbox whose receiver was dropped meanwhile. Under
+    /// `Backpressure`, pass the permit reserved for this message.
+    pub(crate) fn push(
+        &self,
+        message: Arc<Message<T>>,
+        reserved: Option<OwnedSemaphorePermit>,
+    ) -> Pushed {
         if self.closed.load(Ordering::Acquire) {
             self.lost.fetch_add(1, Ordering::Release);
-            return 1;
+            return Pushed {
+                dropped: 1,
+                disconnected: false,
+            };
         }
         let mut dropped = 0;
-        if self.queue.force_push(message).is_some() {
+        let mut disconnected = false;
+        let refused = match self.overflow {
+            StreamOverflow::DropOldest => self.queue.force_push(message).is_some(),
+            StreamOverflow::DropNewest => self.queue.push(message).is_err(),
+            StreamOverflow::Disconnect => {
+                let refused = self.queue.push(message).is_err();
+                if refused && !self.disconnected.swap(true, Ordering::AcqRel) {
+                    disconnected = true;
+                    self.close();
+                }
+                refused
+            }
+            StreamOverflow::Backpressure => match reserved {
+                Some(permit) => {
+                    // The slot was reserved: it fits. The permit comes back
+                    // when the reader takes the message.
+                    permit.forget();
+                    let refused = self.queue.push(message).is_err();
+                    debug_assert!(!refused, "a reserved push found no room");
+                    refused
+                }
+                None => true,
+            },
+        };
+        if refused {
             // Release: a reader that sees the count also sees the push.
             self.lost.fetch_add(1, Ordering::Release);
             dropped = 1;
@@ -73,10 +129,38 @@ impl<T> Mailbox<T> {
         // this push, or this load sees the flag.
         fence(Ordering::SeqCst);
         if self.reader_gone.load(Ordering::Relaxed) {
-            return dropped + self.drain();
+            dropped += self.drain();
+        } else {
+            self.waker.wake();
         }
-        self.waker.wake();
-        dropped
+        Pushed {
+            dropped,
+            disconnected,
+        }
+    }
+
+    /// The mailbox's overflow policy.
+    pub(crate) fn overflow(&self) -> StreamOverflow {
+        self.overflow
+    }
+
+    /// `Backpressure` only: the semaphore publishers reserve room from.
+    pub(crate) fn room(&self) -> Option<&Arc<Semaphore>> {
+        self.room.as_ref()
+    }
+
+    /// Whether it closed because a message did not fit (`Disconnect`).
+    pub(crate) fn disconnected(&self) -> bool {
+        self.disconnected.load(Ordering::Acquire)
+    }
+
+    /// Takes one message, giving its reserved slot back.
+    fn pop(&self) -> Option<Arc<Message<T>>> {
+        let message = self.queue.pop()?;
+        if let Some(room) = &self.room {
+            room.add_permits(1);
+        }
+        Some(message)
     }
 
     /// Messages this mailbox dropped.
@@ -86,6 +170,10 @@ impl<T> Mailbox<T> {
 
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
+        if let Some(room) = &self.room {
+            // Publishers waiting for room give up on this mailbox.
+            room.close();
+        }
         self.waker.wake();
     }
 
@@ -94,7 +182,7 @@ impl<T> Mailbox<T> {
     /// dropped); a push racing this counts what it finds itself.
     pub(crate) fn reader_dropped(&self) -> u64 {
         self.reader_gone.store(true, Ordering::Relaxed);
-        self.closed.store(true, Ordering::Release);
+        self.close();
         // Pairs with the fence in `push`.
         fence(Ordering::SeqCst);
         self.drain()
@@ -103,37 +191,37 @@ impl<T> Mailbox<T> {
     /// Pops everything queued; returns how many.
     fn drain(&self) -> u64 {
         let mut popped = 0;
-        while self.queue.pop().is_some() {
+        while self.pop().is_some() {
             popped += 1;
         }
         popped
     }
 
     pub(crate) fn poll_pop(&self, cx: &mut Context<'_>) -> Poll<Option<Arc<Message<T>>>> {
-        if let Some(message) = self.queue.pop() {
+        if let Some(message) = self.pop() {
             return Poll::Ready(Some(message));
         }
         self.waker.register(cx.waker());
         // Re-check after registering: a push or close in between would
         // otherwise wake nobody.
-        if let Some(message) = self.queue.pop() {
+        if let Some(message) = self.pop() {
             return Poll::Ready(Some(message));
         }
         if self.closed.load(Ordering::Acquire) {
             // A push that raced the close may have landed after our pop.
-            return Poll::Ready(self.queue.pop());
+            return Poll::Ready(self.pop());
         }
         Poll::Pending
     }
 
     /// A message if one is queued, without registering for a wake-up.
     pub(crate) fn try_pop(&self) -> Result<Arc<Message<T>>, Popped> {
-        if let Some(message) = self.queue.pop() {
+        if let Some(message) = self.pop() {
             return Ok(message);
         }
         if self.closed.load(Ordering::Acquire) {
             // A push that raced the close may have landed after our pop.
-            return self.queue.pop().ok_or(Popped::Closed);
+            return self.pop().ok_or(Popped::Closed);
         }
         Err(Popped::Empty)
     }
@@ -150,6 +238,15 @@ impl<T> Mailbox<T> {
     pub(crate) fn capacity(&self) -> usize {
         self.queue.capacity()
     }
+}
+
+/// What one push did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Pushed {
+    /// Messages it dropped (see [`Mailbox::push`]).
+    pub(crate) dropped: u64,
+    /// It closed the mailbox under `Disconnect`.
+    pub(crate) disconnected: bool,
 }
 
 /// Why [`Mailbox::try_pop`] returned no message.

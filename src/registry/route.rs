@@ -50,6 +50,12 @@ impl<T> Route<T> {
             .collect()
     }
 
+    /// Subscriptions a publish to this route would reach now.
+    #[inline]
+    pub(crate) fn subscribers(&self) -> usize {
+        self.nodes.iter().map(|node| node.live()).sum()
+    }
+
     /// Runs `f` on the current stream set of each of the route's nodes.
     #[inline]
     pub(crate) fn for_each_stream_set(&self, mut f: impl FnMut(&StreamSet<T>)) {

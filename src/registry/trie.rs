@@ -153,7 +153,9 @@ impl<T> NodeSubs<T> {
         }
     }
 
-    fn live(&self) -> usize {
+    /// Active subscriptions at this node, as the writer last counted them.
+    #[inline]
+    pub(crate) fn live(&self) -> usize {
         self.handlers.with(|s| s.live()) + self.streams.with(|s| s.live())
     }
 

@@ -1,0 +1,81 @@
+//! [`StreamOptions`]: a stream subscription's mailbox size and what happens
+//! when it is full ([`StreamOverflow`]), chosen per subscription.
+
+use serde::Deserialize;
+
+/// What a stream subscription's mailbox does when a message arrives and it
+/// is full. Every policy counts what it loses, in [`Receiver::lost`](crate::Receiver::lost)
+/// and [`Stats::dropped`](crate::Stats::dropped), and shows it in the stream
+/// ([`RecvError`](crate::RecvError)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum StreamOverflow {
+    /// The oldest queued message makes room for the new one (the default):
+    /// a reader that falls behind sees the newest messages, and
+    /// `recv_lagged` reports `Lagged(n)` before the first one after the gap.
+    #[default]
+    DropOldest,
+    /// The new message is dropped; the queued ones stay. `recv_lagged`
+    /// reports `Lagged(n)` at its next call: the lost messages were newer
+    /// than those still queued, so the report comes before the gap, not at
+    /// it.
+    DropNewest,
+    /// Lossless: publishers are held back instead. `publish` returns
+    /// [`Error::Full`](crate::Error::Full) and reaches no subscriber at all
+    /// while this mailbox is full; `publish_async` waits for room in every
+    /// such mailbox it reaches, then delivers to all. A full lossless
+    /// mailbox therefore holds back every publisher of the topics it
+    /// subscribes to: the price of losing nothing.
+    Backpressure,
+    /// NATS's slow-consumer rule: the first message that does not fit
+    /// closes the mailbox (that message is counted as lost, and reported by
+    /// `recv_lagged` as `Lagged(1)` at its next call). The reader takes every
+    /// message it held, then learns why the stream ended: `recv_lagged`
+    /// returns [`RecvError::Disconnected`](crate::RecvError::Disconnected)
+    /// (`recv` returns `None`). Publishes skip a disconnected mailbox from
+    /// then on; drop the receiver to unsubscribe it.
+    Disconnect,
+}
+
+/// A stream subscription's options, for
+/// [`Bus::subscribe_stream_with`](crate::Bus::subscribe_stream_with).
+///
+/// ```
+/// use blazesub::{StreamOptions, StreamOverflow};
+///
+/// let options = StreamOptions::new(4_096).overflow(StreamOverflow::Backpressure);
+/// assert_eq!(options.capacity(), 4_096);
+/// assert_eq!(options.overflow_policy(), StreamOverflow::Backpressure);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamOptions {
+    capacity: usize,
+    overflow: StreamOverflow,
+}
+
+impl StreamOptions {
+    /// A mailbox of `capacity` messages that drops the oldest when full.
+    /// (A capacity of 0 is refused when subscribing.)
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            overflow: StreamOverflow::DropOldest,
+        }
+    }
+
+    /// Sets what happens when the mailbox is full.
+    #[must_use]
+    pub fn overflow(mut self, overflow: StreamOverflow) -> Self {
+        self.overflow = overflow;
+        self
+    }
+
+    /// Messages the mailbox holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// What happens when it is full.
+    pub fn overflow_policy(&self) -> StreamOverflow {
+        self.overflow
+    }
+}

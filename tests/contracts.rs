@@ -1,0 +1,344 @@
+//! Delivery contracts per subscription (DESIGN.md §9), through the public
+//! API in every delivery mode: stream overflow policies, lossless streams
+//! with backpressure (all or nothing, cancel-safe, fair, released by a
+//! dropped reader), disconnect, and interest queries. Every wait is under a
+//! time limit, so a bug fails instead of hanging.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use blazesub::{Bus, DeliveryMode, Error, Receiver, RecvError, StreamOptions, StreamOverflow};
+use common::MODES;
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn bus(mode: DeliveryMode) -> Bus<u32> {
+    Bus::<u32>::builder()
+        .delivery(mode)
+        .workers(2)
+        .build()
+        .unwrap()
+}
+
+fn options(capacity: usize, overflow: StreamOverflow) -> StreamOptions {
+    StreamOptions::new(capacity).overflow(overflow)
+}
+
+async fn next(rx: &mut Receiver<u32>) -> Result<u32, RecvError> {
+    tokio::time::timeout(LIMIT, rx.recv_lagged())
+        .await
+        .expect("recv_lagged hangs")
+        .map(|m| *m.data())
+}
+
+async fn quiet(bus: &Bus<u32>) {
+    tokio::time::timeout(LIMIT, async {
+        while bus.inflight_messages() > 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("deliveries stuck in flight");
+}
+
+// ---------------------------------------------------------------------------
+// 1. Overflow policies, each counted and visible in the stream.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_newest_keeps_the_queued_messages_and_reports_the_loss() {
+    for mode in MODES {
+        let bus = bus(mode);
+        let mut rx = bus
+            .subscribe_stream_with("t", options(3, StreamOverflow::DropNewest))
+            .unwrap();
+        for value in 0..5 {
+            assert_eq!(bus.publish("t", value).unwrap(), 1);
+        }
+        assert_eq!(rx.lost(), 2, "{mode:?}");
+        assert_eq!(next(&mut rx).await, Err(RecvError::Lagged(2)), "{mode:?}");
+        for expected in 0..3 {
+            assert_eq!(next(&mut rx).await, Ok(expected), "{mode:?}");
+        }
+        let stats = bus.stats();
+        assert_eq!((stats.delivered, stats.dropped), (3, 2), "{mode:?}");
+        bus.close().await.unwrap();
+        assert_eq!(next(&mut rx).await, Err(RecvError::Closed), "{mode:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_hands_over_what_it_held_then_says_why() {
+    for mode in MODES {
+        let bus = bus(mode);
+        let mut cut = bus
+            .subscribe_stream_with("t", options(2, StreamOverflow::Disconnect))
+            .unwrap();
+        let mut plain = bus
+            .subscribe_stream_with("t", options(2, StreamOverflow::Disconnect))
+            .unwrap();
+        for value in 0..3 {
+            bus.publish("t", value).unwrap();
+        }
+        // After the cut, publishes skip it.
+        assert_eq!(bus.publish("t", 9).unwrap(), 0, "{mode:?}");
+        assert_eq!(next(&mut cut).await, Err(RecvError::Lagged(1)), "{mode:?}");
+        assert_eq!(next(&mut cut).await, Ok(0));
+        assert_eq!(next(&mut cut).await, Ok(1));
+        assert_eq!(
+            next(&mut cut).await,
+            Err(RecvError::Disconnected),
+            "{mode:?}"
+        );
+        assert_eq!(
+            next(&mut cut).await,
+            Err(RecvError::Disconnected),
+            "{mode:?}"
+        );
+        // The simple loop ends after what it held.
+        let mut seen = Vec::new();
+        while let Some(m) = tokio::time::timeout(LIMIT, plain.recv()).await.unwrap() {
+            seen.push(*m.data());
+        }
+        assert_eq!(seen, [0, 1], "{mode:?}");
+        let stats = bus.stats();
+        assert_eq!(stats.disconnects, 2, "{mode:?}: {stats:?}");
+        assert_eq!(stats.dropped, 2, "{mode:?}: {stats:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 2. Lossless streams.
+// ---------------------------------------------------------------------------
+
+/// A full lossless mailbox makes `publish` fail and reach no one at all:
+/// not the handler, not the other streams; nothing is counted as published
+/// or dropped. Once there is room, it goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_lossless_mailbox_refuses_the_whole_publish() {
+    for mode in MODES {
+        let bus = bus(mode);
+        let handled = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&handled);
+        let _h = bus
+            .subscribe("t", move |_| {
+                counter.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+        let mut other = bus.subscribe_stream("t").unwrap();
+        let mut lossless = bus
+            .subscribe_stream_with("t", options(2, StreamOverflow::Backpressure))
+            .unwrap();
+        assert_eq!(bus.publish("t", 1).unwrap(), 3);
+        assert_eq!(bus.publish("t", 2).unwrap(), 3);
+        let full = bus.publish("t", 3);
+        assert!(
+            matches!(&full, Err(Error::Full { topic, capacity: 2 }) if topic == "t"),
+            "{mode:?}: {full:?}"
+        );
+        let refused = bus.try_publish("t", 3).unwrap_err();
+        assert_eq!(refused.value, Some(3), "the value comes back");
+        quiet(&bus).await;
+        assert_eq!(handled.load(Ordering::SeqCst), 2, "{mode:?}");
+        assert_eq!(other.len(), 2, "{mode:?}");
+        let stats = bus.stats();
+        assert_eq!((stats.published, stats.dropped), (2, 0), "{mode:?}");
+        assert_eq!(next(&mut lossless).await, Ok(1));
+        assert_eq!(bus.publish("t", 3).unwrap(), 3, "{mode:?}: room again");
+        quiet(&bus).await;
+        assert_eq!(handled.load(Ordering::SeqCst), 3);
+        assert_eq!(next(&mut other).await, Ok(1));
+        assert_eq!(lossless.lost(), 0);
+    }
+}
+
+/// Four publishers use `publish_async` into 16 lossless streams read at
+/// different speeds: every message arrives exactly once, in per-publisher
+/// order, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lossless_streams_under_four_racing_publishers_lose_nothing() {
+    const PUBLISHERS: u32 = 4;
+    const PER_PUBLISHER: u32 = 300;
+    const STREAMS: usize = 16;
+    for mode in MODES {
+        let bus = bus(mode);
+        let readers: Vec<_> = (0..STREAMS)
+            .map(|index| {
+                let mut rx = bus
+                    .subscribe_stream_with("race/+", options(4, StreamOverflow::Backpressure))
+                    .unwrap();
+                tokio::spawn(async move {
+                    let mut last: HashMap<String, u32> = HashMap::new();
+                    let mut count = 0u32;
+                    while count < PUBLISHERS * PER_PUBLISHER {
+                        let m = tokio::time::timeout(LIMIT, rx.recv())
+                            .await
+                            .expect("a lossless reader starved")
+                            .expect("stream ended early");
+                        let seq = *m.data();
+                        if let Some(previous) = last.insert(m.topic().to_owned(), seq) {
+                            assert_eq!(seq, previous + 1, "order or a gap on {}", m.topic());
+                        } else {
+                            assert_eq!(seq, 0, "first message of {}", m.topic());
+                        }
+                        count += 1;
+                        if index % 4 == 0 && count % 16 == 0 {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                    }
+                    (count, rx.lost())
+                })
+            })
+            .collect();
+        let publishers: Vec<_> = (0..PUBLISHERS)
+            .map(|p| {
+                let bus = bus.clone();
+                tokio::spawn(async move {
+                    let topic = format!("race/{p}");
+                    for seq in 0..PER_PUBLISHER {
+                        let reached = bus.publish_async(&topic, seq).await.unwrap();
+                        assert_eq!(reached, STREAMS);
+                    }
+                })
+            })
+            .collect();
+        for publisher in publishers {
+            tokio::time::timeout(LIMIT, publisher)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        for reader in readers {
+            let (count, lost) = tokio::time::timeout(LIMIT, reader).await.unwrap().unwrap();
+            assert_eq!((count, lost), (PUBLISHERS * PER_PUBLISHER, 0), "{mode:?}");
+        }
+        assert_eq!(bus.stats().dropped, 0, "{mode:?}");
+    }
+}
+
+/// A `publish_async` cancelled while it waits (here by a timeout) has
+/// delivered nothing and holds no room: it had reserved room in mailbox A
+/// and was waiting for B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_publish_async_delivers_nothing_and_holds_no_room() {
+    for mode in MODES {
+        let bus = bus(mode);
+        let mut a = bus
+            .subscribe_stream_with("x/#", options(1, StreamOverflow::Backpressure))
+            .unwrap();
+        let mut b = bus
+            .subscribe_stream_with("x/b", options(1, StreamOverflow::Backpressure))
+            .unwrap();
+        // Fill B only: publish to x/b reaches both, so empty A afterwards.
+        bus.publish("x/b", 1).unwrap();
+        assert_eq!(next(&mut a).await, Ok(1));
+        // A has room, B is full: publish_async reserves A and waits for B.
+        let waited =
+            tokio::time::timeout(Duration::from_millis(50), bus.publish_async("x/b", 2)).await;
+        assert!(waited.is_err(), "{mode:?}: it should still be waiting");
+        assert!(a.is_empty(), "{mode:?}: nothing delivered");
+        // A's room was given back: a publish that reaches only A fits.
+        assert_eq!(bus.publish("x/a", 3).unwrap(), 1, "{mode:?}");
+        assert_eq!(next(&mut a).await, Ok(3));
+        assert_eq!(next(&mut b).await, Ok(1));
+        assert!(b.is_empty(), "{mode:?}");
+    }
+}
+
+/// Dropping a full lossless receiver releases the publishers waiting on it
+/// at once; they deliver to everyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_full_lossless_receiver_releases_waiting_publishers() {
+    for mode in MODES {
+        let bus = bus(mode);
+        let full = bus
+            .subscribe_stream_with("t", options(1, StreamOverflow::Backpressure))
+            .unwrap();
+        let mut witness = bus.subscribe_stream("t").unwrap();
+        bus.publish("t", 1).unwrap();
+        let waiting = {
+            let bus = bus.clone();
+            tokio::spawn(async move { bus.publish_async("t", 2).await })
+        };
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!waiting.is_finished(), "{mode:?}: it should wait for room");
+        drop(full);
+        let reached = tokio::time::timeout(LIMIT, waiting).await.unwrap().unwrap();
+        assert_eq!(reached.unwrap(), 1, "{mode:?}: only the witness is left");
+        assert_eq!(next(&mut witness).await, Ok(1));
+        assert_eq!(next(&mut witness).await, Ok(2));
+        // With no lossless stream left, publish never refuses.
+        for value in 0..10 {
+            bus.publish("t", value).unwrap();
+        }
+    }
+}
+
+/// A fast publisher cannot starve one that waits: with one slot and two
+/// publishers taking turns at a slow reader, both make progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_publishers_are_served_in_turn() {
+    let bus = bus(DeliveryMode::WorkerPool);
+    let mut rx = bus
+        .subscribe_stream_with("fair/+", options(1, StreamOverflow::Backpressure))
+        .unwrap();
+    let publisher = |name: &'static str| {
+        let bus = bus.clone();
+        tokio::spawn(async move {
+            for seq in 0..50 {
+                bus.publish_async(&format!("fair/{name}"), seq)
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    let (fast, slow) = (publisher("fast"), publisher("slow"));
+    let mut order = Vec::new();
+    for _ in 0..100 {
+        let m = tokio::time::timeout(LIMIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        order.push(m.topic() == "fair/fast");
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    fast.await.unwrap();
+    slow.await.unwrap();
+    // In the first half of what arrived, both publishers are well represented.
+    let fast_in_first_half = order[..50].iter().filter(|&&fast| fast).count();
+    assert!(
+        (10..=40).contains(&fast_in_first_half),
+        "one publisher starved the other: {fast_in_first_half} of the first 50 were from one"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 5. Interest queries.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn interest_queries_follow_subscriptions() {
+    for mode in [DeliveryMode::Inline, DeliveryMode::WorkerPool] {
+        let bus = bus(mode);
+        assert!(!bus.has_subscribers("s/a/temp"));
+        assert_eq!(bus.subscribers("s/a/temp"), 0);
+        let a = bus.subscribe("s/+/temp", |_| {}).unwrap();
+        let b = bus.subscribe_stream("s/#").unwrap();
+        let _c = bus.subscribe("other", |_| {}).unwrap();
+        assert!(bus.has_subscribers("s/a/temp"));
+        assert_eq!(bus.subscribers("s/a/temp"), 2);
+        assert_eq!(bus.subscribers("s/a/humidity"), 1);
+        assert_eq!(bus.publish("s/a/temp", 1).unwrap(), 2);
+        drop(a);
+        assert_eq!(bus.subscribers("s/a/temp"), 1, "{mode:?}");
+        drop(b);
+        assert!(!bus.has_subscribers("s/a/temp"), "{mode:?}");
+        // Not a topic name: nobody could receive it.
+        assert!(!bus.has_subscribers("s/+/temp"));
+        assert_eq!(bus.subscribers(""), 0);
+    }
+}
