@@ -12,21 +12,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{Config, Overflow};
-use crate::dispatch::{Dispatcher, Env, Fanout, Policy, TaskGauge};
+use crate::dispatch::{Dispatcher, Env, Fanout, Ordered, OrderedHandler, Policy, TaskGauge};
 use crate::error::{Error, Rejected};
 use crate::handler::Handler;
 use crate::handles::{Receiver, Subscription};
 use crate::message::{Message, Metadata};
 use crate::registry::entry::{
-    AsyncSink, EntryControl, HandlerEntry, Sink, Subscriber, SyncSink, Tracked,
+    AsyncSink, BoxFuture, EntryControl, HandlerEntry, Sink, Subscriber, SyncSink, Tracked,
 };
-use crate::registry::mailbox::Mailbox;
+use crate::registry::mailbox::{Consumer, Mailbox};
 use crate::registry::quiesce::Quiescence;
 use crate::registry::route::{Route, RouteCache};
 use crate::registry::trie::{Handlers, InsertError, Streams, Trie};
 use crate::registry::{Kind, Registry};
 use crate::reserve::{reserve_now, reserve_waiting, NoRoom, Reservations};
-use crate::stats::{Counters, Stats};
+use crate::stats::{Counters, PublishGuard, Stats, Tally};
 use crate::stream_options::{StreamOptions, StreamOverflow};
 use crate::sync::{AtomicU64, Ordering};
 use crate::topic::{validate_filter, validate_topic};
@@ -265,6 +265,85 @@ impl<T: Send + Sync + 'static> Bus<T> {
         )
     }
 
+    /// Subscribes an *ordered* handler: its calls never overlap, and each
+    /// publisher's messages reach it in publish order, in every delivery
+    /// mode; other subscriptions still run in parallel. Messages wait in a
+    /// bounded queue of `Config::stream_capacity`; one that does not fit is
+    /// dropped and counted. A slow ordered handler holds up only itself.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
+    /// use blazesub::Bus;
+    /// use std::sync::{Arc, Mutex};
+    ///
+    /// let bus = Bus::<u32>::builder().build()?; // a worker pool
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let log = Arc::clone(&seen);
+    /// let _orders = bus.subscribe_ordered("orders/+", move |m| {
+    ///     log.lock().unwrap().push(*m.data());
+    /// })?;
+    /// for n in 0..100 {
+    ///     bus.publish("orders/eu", n)?;
+    /// }
+    /// bus.close().await?;
+    /// assert_eq!(*seen.lock().unwrap(), (0..100).collect::<Vec<_>>());
+    /// # Ok(()) }
+    /// ```
+    pub fn subscribe_ordered<F>(&self, filter: &str, handler: F) -> Result<Subscription, Error>
+    where
+        F: Fn(&Message<T>) + Send + Sync + 'static,
+    {
+        self.add_ordered(filter, OrderedHandler::Sync(Box::new(handler)))
+    }
+
+    /// [`Self::subscribe_ordered`] with an async handler: each call is awaited
+    /// before the next starts (on the bus's runtime, which it needs).
+    pub fn subscribe_ordered_async<F, Fut>(
+        &self,
+        filter: &str,
+        handler: F,
+    ) -> Result<Subscription, Error>
+    where
+        F: Fn(Arc<Message<T>>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        if self.inner.env.handle.is_none() {
+            return Err(Error::NoRuntime {
+                what: "an async ordered subscription",
+            });
+        }
+        let handler = move |m: Arc<Message<T>>| -> BoxFuture { Box::pin(handler(m)) };
+        self.add_ordered(filter, OrderedHandler::Async(Box::new(handler)))
+    }
+
+    fn add_ordered(&self, filter: &str, handler: OrderedHandler<T>) -> Result<Subscription, Error> {
+        validate_filter(filter)?;
+        self.check_open()?;
+        let inner = &self.inner;
+        let ordered = Arc::new(Ordered::new(
+            handler,
+            Arc::clone(&inner.env),
+            inner.dispatcher.drain_on(),
+        ));
+        let consumer: Arc<dyn Consumer> = Arc::clone(&ordered) as Arc<dyn Consumer>;
+        let id = self.next_id();
+        let capacity = inner.config.stream_capacity;
+        let mut made = None;
+        inner
+            .trie
+            .insert::<Streams>(filter, |filter| {
+                let mailbox =
+                    Mailbox::with_consumer(capacity, StreamOverflow::DropNewest, Some(consumer));
+                let entry = Arc::new(Subscriber::new(id, mailbox));
+                ordered.attach(&entry);
+                made = Some((Arc::clone(&entry) as Arc<dyn EntryControl>, filter));
+                entry
+            })
+            .map_err(|InsertError::Closed| Error::Closed)?;
+        let (control, filter) = made.expect("the trie made the entry");
+        Ok(self.handle(control, filter, Kind::Streams))
+    }
+
     /// Subscribes a stream to topics matching `filter`: an ordered mailbox of
     /// `Config::stream_capacity` messages, read with [`Receiver::recv`].
     ///
@@ -497,7 +576,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
         };
         let message = Arc::new(Message::stamped(Arc::clone(&route.topic), data, metadata));
         counters.published();
-        let mut matched = push_to_streams(&route, &message, counters, &mut reservations);
+        let mut matched =
+            push_to_streams(&route, &message, counters, &mut admitted, &mut reservations);
         let sets = route.handler_sets();
         drop(route);
         matched += sets.iter().map(|set| set.live()).sum::<usize>();
@@ -648,6 +728,7 @@ fn push_to_streams<T>(
     route: &Route<T>,
     message: &Arc<Message<T>>,
     counters: &Counters,
+    admitted: &mut PublishGuard<'_>,
     reservations: &mut Reservations<T>,
 ) -> usize {
     let mut matched = 0;
@@ -664,8 +745,20 @@ fn push_to_streams<T>(
                 continue;
             }
             matched += 1;
+            let ordered = entry.sink.has_consumer();
+            if ordered {
+                // In flight from before the push: its drain may finish it
+                // at once, on another thread.
+                admitted.extend(1);
+            }
             let pushed = entry.sink.push(Arc::clone(message), reserved);
             dropped += pushed.dropped;
+            if ordered && pushed.dropped > 0 {
+                counters.add(&Tally {
+                    finished: 1,
+                    ..Tally::default()
+                });
+            }
             if pushed.disconnected {
                 counters.disconnected();
             }

@@ -120,6 +120,16 @@ impl PublishGuard<'_> {
     }
 }
 
+impl PublishGuard<'_> {
+    /// Counts `deliveries` more as in flight while the publish still holds
+    /// its token (ordered handlers' queued messages, before they are
+    /// queued: a drain may finish them at once).
+    pub(crate) fn extend(&mut self, deliveries: u64) {
+        debug_assert!(self.token_held, "extend after the token was handed off");
+        self.counters.work.fetch_add(deliveries, Ordering::AcqRel);
+    }
+}
+
 impl Drop for PublishGuard<'_> {
     fn drop(&mut self) {
         if self.token_held {

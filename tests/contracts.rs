@@ -342,3 +342,189 @@ fn interest_queries_follow_subscriptions() {
         assert_eq!(bus.subscribers(""), 0);
     }
 }
+
+// ---------------------------------------------------------------------------
+// 4. Ordered handlers.
+// ---------------------------------------------------------------------------
+
+/// Two publisher threads, 2,000 messages each, into one ordered handler
+/// that would notice an overlapping call (a flag it holds while running):
+/// no overlap, and each publisher's messages in order with no gap. Every
+/// mode; `close` waits for the last call.
+#[test]
+fn ordered_handler_calls_never_overlap_and_keep_publish_order() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Mutex;
+    const PER_PUBLISHER: u32 = 2_000;
+    for mode in MODES {
+        let rt = common::runtime(2);
+        let bus = Bus::<u32>::builder()
+            .delivery(mode)
+            .workers(2)
+            .stream_capacity(10_000)
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap();
+        let inside = Arc::new(AtomicBool::new(false));
+        let overlaps = Arc::new(AtomicU64::new(0));
+        let last: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+        let calls = Arc::new(AtomicU64::new(0));
+        let _ordered = {
+            let (inside, overlaps, last, calls) = (
+                Arc::clone(&inside),
+                Arc::clone(&overlaps),
+                Arc::clone(&last),
+                Arc::clone(&calls),
+            );
+            bus.subscribe_ordered("o/+", move |m| {
+                if inside.swap(true, Ordering::SeqCst) {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                let previous = last.lock().unwrap().insert(m.topic().to_owned(), *m.data());
+                assert_eq!(
+                    previous.map_or(0, |p| p + 1),
+                    *m.data(),
+                    "order on {}",
+                    m.topic()
+                );
+                calls.fetch_add(1, Ordering::SeqCst);
+                std::hint::spin_loop();
+                inside.store(false, Ordering::SeqCst);
+            })
+            .unwrap()
+        };
+        let publishers: Vec<_> = (0..2)
+            .map(|p| {
+                let bus = bus.clone();
+                std::thread::spawn(move || {
+                    for seq in 0..PER_PUBLISHER {
+                        bus.publish(&format!("o/{p}"), seq).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for publisher in publishers {
+            publisher.join().unwrap();
+        }
+        rt.block_on(async { tokio::time::timeout(LIMIT, bus.close()).await })
+            .expect("close hangs")
+            .unwrap();
+        assert_eq!(
+            overlaps.load(Ordering::SeqCst),
+            0,
+            "{mode:?}: calls overlapped"
+        );
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2 * u64::from(PER_PUBLISHER),
+            "{mode:?}"
+        );
+        let stats = bus.stats();
+        assert_eq!(
+            stats.delivered,
+            2 * u64::from(PER_PUBLISHER),
+            "{mode:?}: {stats:?}"
+        );
+        assert_eq!(stats.inflight, 0);
+    }
+}
+
+/// A slow ordered handler holds up only itself: another ordered
+/// subscription and a plain one on the same topic get every message while
+/// it is blocked; its own bounded queue drops (and counts) what does not
+/// fit.
+#[test]
+fn a_slow_ordered_handler_holds_up_only_itself() {
+    for mode in [DeliveryMode::WorkerPool, DeliveryMode::TaskPerSubscriber] {
+        let rt = common::runtime(2);
+        let bus = Bus::<u32>::builder()
+            .delivery(mode)
+            .workers(2)
+            .stream_capacity(4)
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap();
+        let gate = Arc::new(common::Gate::new());
+        let slow_calls = Arc::new(AtomicU64::new(0));
+        let fast_calls = Arc::new(AtomicU64::new(0));
+        let _slow = {
+            let (gate, calls) = (Arc::clone(&gate), Arc::clone(&slow_calls));
+            bus.subscribe_ordered("t", move |_| {
+                gate.wait();
+                calls.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap()
+        };
+        let _fast = {
+            let calls = Arc::clone(&fast_calls);
+            bus.subscribe_ordered("t", move |_| {
+                calls.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap()
+        };
+        for value in 0..4 {
+            bus.publish("t", value).unwrap();
+        }
+        assert!(
+            common::wait_until(LIMIT, || fast_calls.load(Ordering::SeqCst) == 4),
+            "{mode:?}: the fast ordered handler was held up"
+        );
+        // The slow one holds 1 in its call and 3 queued; 4 more: 1 fits.
+        for value in 4..8 {
+            bus.publish("t", value).unwrap();
+        }
+        assert!(common::wait_until(LIMIT, || fast_calls
+            .load(Ordering::SeqCst)
+            == 8));
+        gate.open();
+        assert!(
+            common::wait_until(LIMIT, || bus.inflight_messages() == 0),
+            "{mode:?}"
+        );
+        let stats = bus.stats();
+        let slow = slow_calls.load(Ordering::SeqCst);
+        assert!(
+            slow < 8,
+            "{mode:?}: the bounded queue must have dropped some"
+        );
+        assert_eq!(
+            slow + stats.dropped,
+            8,
+            "{mode:?}: every message ran or was counted: {stats:?}"
+        );
+        assert_eq!(stats.delivered, 8 + slow, "{mode:?}");
+    }
+}
+
+/// The async variant awaits each call before the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_ordered_handlers_await_each_call_in_order() {
+    use std::sync::Mutex;
+    for mode in MODES {
+        let bus = bus(mode);
+        let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
+        let _sub = {
+            let seen = Arc::clone(&seen);
+            bus.subscribe_ordered_async("a", move |m| {
+                let seen = Arc::clone(&seen);
+                async move {
+                    tokio::task::yield_now().await;
+                    seen.lock().unwrap().push(*m.data());
+                }
+            })
+            .unwrap()
+        };
+        for value in 0..200 {
+            bus.publish("a", value).unwrap();
+        }
+        tokio::time::timeout(LIMIT, bus.close())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            (0..200).collect::<Vec<_>>(),
+            "{mode:?}"
+        );
+    }
+}

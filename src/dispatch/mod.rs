@@ -8,6 +8,7 @@
 //! - `pool.rs` — `WorkerPool`: runners are jobs on a bounded crossbeam queue
 //!   served by a fixed set of worker threads.
 //! - `inline.rs` — `Inline`: the publisher is the only runner.
+//! - `ordered.rs` — ordered handlers: one drain at a time per subscription.
 //! - `pending.rs` — async handlers whose future is not finished after its
 //!   first poll continue as tasks.
 //! - `permit.rs` — task slots, counted against `max_inflight_tasks`.
@@ -47,6 +48,7 @@
 
 mod fanout;
 mod inline;
+mod ordered;
 mod pending;
 mod permit;
 mod pool;
@@ -62,6 +64,7 @@ use crate::registry::quiesce::Quiescence;
 use crate::stats::{Counters, Tally};
 
 pub(crate) use fanout::{Fanout, Runner};
+pub(crate) use ordered::{DrainOn, Ordered, OrderedHandler};
 pub(crate) use permit::TaskGauge;
 
 /// How one publish is cut into units and handed to runners.
@@ -204,6 +207,15 @@ impl<T: Send + Sync + 'static> Dispatcher<T> {
             Dispatcher::Tasks(tasks) => tasks.dispatch(Arc::new(job), env),
             Dispatcher::Pool(pool) => pool.dispatch(Arc::new(job), env),
             Dispatcher::Inline => inline::run(&job, env),
+        }
+    }
+
+    /// Where this bus runs ordered handlers' drains.
+    pub(crate) fn drain_on(&self) -> DrainOn<T> {
+        match self {
+            Dispatcher::Tasks(tasks) => DrainOn::Tasks(tasks.handle().clone()),
+            Dispatcher::Pool(pool) => DrainOn::Pool(pool.sender()),
+            Dispatcher::Inline => DrainOn::Inline,
         }
     }
 

@@ -25,6 +25,8 @@ use crossbeam_utils::CachePadded;
 
 pub(crate) enum Ticket<T> {
     Run(Arc<Fanout<T>>),
+    /// An ordered handler's drain (see `ordered.rs`).
+    Drain(Box<dyn FnOnce() + Send>),
     Stop,
 }
 
@@ -103,7 +105,19 @@ impl<T: Send + Sync + 'static> Pool<T> {
     }
 }
 
+/// The ticket a refused `try_send` hands back.
+pub(crate) fn refused_ticket<T>(error: TrySendError<Ticket<T>>) -> Ticket<T> {
+    match error {
+        TrySendError::Full(ticket) | TrySendError::Disconnected(ticket) => ticket,
+    }
+}
+
 impl<T> Pool<T> {
+    /// Where ordered handlers' drains are queued.
+    pub(crate) fn sender(&self) -> Sender<Ticket<T>> {
+        self.queue.clone()
+    }
+
     /// Lets the workers finish what is queued, then stop. Idempotent.
     pub(crate) fn shut_down(&self) {
         if self.stopped.swap(true, Ordering::AcqRel) {
@@ -141,7 +155,14 @@ fn work<T: Send + Sync + 'static>(
                 ticket
             }
         };
-        let Ok(Ticket::Run(job)) = ticket else { return };
+        let job = match ticket {
+            Ok(Ticket::Run(job)) => job,
+            Ok(Ticket::Drain(drain)) => {
+                drain();
+                continue;
+            }
+            Ok(Ticket::Stop) | Err(_) => return,
+        };
         let mut runner = PoolRunner {
             queue,
             idle,

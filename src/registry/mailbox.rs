@@ -32,8 +32,20 @@ use crate::stream_options::StreamOverflow;
 use crate::sync::queue::ArrayQueue;
 use crate::sync::{fence, AtomicBool, AtomicU64, Ordering, WakerSlot};
 
+/// Who takes messages out of a mailbox when it is not a [`Receiver`](crate::Receiver):
+/// an ordered handler's drain (see `dispatch/ordered.rs`), told after each
+/// message it queued.
+pub(crate) trait Consumer: Send + Sync {
+    /// A message was queued. Runs no lock of the bus; it may run the
+    /// consumer's handler right here (in `Inline` mode).
+    fn pushed(self: Arc<Self>);
+}
+
 /// A stream subscription's bounded queue, with its overflow policy.
 pub(crate) struct Mailbox<T> {
+    /// For an ordered handler: who drains the mailbox. `None` for a stream
+    /// read through a `Receiver`.
+    consumer: Option<Arc<dyn Consumer>>,
     overflow: StreamOverflow,
     /// `Backpressure` only: slots neither occupied nor reserved. A publisher
     /// takes a permit per mailbox before it delivers (reserve, then
@@ -64,7 +76,17 @@ impl<T> Mailbox<T> {
     }
 
     pub(crate) fn with_overflow(capacity: usize, overflow: StreamOverflow) -> Self {
+        Self::with_consumer(capacity, overflow, None)
+    }
+
+    /// A mailbox drained by `consumer` rather than read by a receiver.
+    pub(crate) fn with_consumer(
+        capacity: usize,
+        overflow: StreamOverflow,
+        consumer: Option<Arc<dyn Consumer>>,
+    ) -> Self {
         Self {
+            consumer,
             overflow,
             room: (overflow == StreamOverflow::Backpressure)
                 .then(|| Arc::new(Semaphore::new(capacity))),
@@ -130,6 +152,10 @@ impl<T> Mailbox<T> {
         fence(Ordering::SeqCst);
         if self.reader_gone.load(Ordering::Relaxed) {
             dropped += self.drain();
+        } else if let Some(consumer) = &self.consumer {
+            if !refused {
+                Arc::clone(consumer).pushed();
+            }
         } else {
             self.waker.wake();
         }
@@ -137,6 +163,12 @@ impl<T> Mailbox<T> {
             dropped,
             disconnected,
         }
+    }
+
+    /// Whether an ordered handler drains it (each queued message is then a
+    /// delivery in flight until the handler has run).
+    pub(crate) fn has_consumer(&self) -> bool {
+        self.consumer.is_some()
     }
 
     /// The mailbox's overflow policy.
