@@ -12,7 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{Config, Overflow};
-use crate::dispatch::{Dispatcher, Env, Fanout, Ordered, OrderedHandler, Policy, TaskGauge};
+use crate::dispatch::{
+    inline_depth, Dispatcher, Env, Fanout, Ordered, OrderedHandler, Policy, TaskGauge,
+    MAX_INLINE_DEPTH,
+};
 use crate::error::{Error, Rejected};
 use crate::handler::Handler;
 use crate::handles::{Receiver, Subscription};
@@ -21,7 +24,7 @@ use crate::registry::entry::{
     AsyncSink, BoxFuture, EntryControl, HandlerEntry, Sink, Subscriber, SyncSink, Tracked,
 };
 use crate::registry::mailbox::{Consumer, Mailbox};
-use crate::registry::quiesce::Quiescence;
+use crate::registry::quiesce::{self, Quiescence};
 use crate::registry::route::{Route, RouteCache};
 use crate::registry::trie::{Handlers, InsertError, Streams, Trie};
 use crate::registry::{Kind, Registry};
@@ -559,6 +562,14 @@ impl<T: Send + Sync + 'static> Bus<T> {
         if let Err(error) = validate_topic(topic) {
             return Err(Rejected::with_value(error.into(), data));
         }
+        if inner.policy.is_inline() && inline_depth() >= MAX_INLINE_DEPTH {
+            counters.recursion_refused();
+            let error = Error::RecursionLimit {
+                topic: topic.to_owned(),
+                depth: inline_depth(),
+            };
+            return Err(Rejected::with_value(error, data));
+        }
         let route = inner.routes.route(&inner.trie, topic);
         let mut reservations = match reserved {
             Some(reservations) => reservations,
@@ -680,6 +691,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// [`Error::CloseTimeout`]; the bus stays closed and the remaining
     /// deliveries still run.
     ///
+    /// Called from inside a handler (an async handler awaiting it, or a sync
+    /// one blocking on it where it may block), it finishes once everything
+    /// else has drained: it does not wait for its own caller, nor for the
+    /// publish that caller is running in.
+    ///
     /// Cancel-safe: the bus is closed as soon as this is first polled, and
     /// ending the streams and stopping the workers does not depend on this
     /// future. They happen when the last accepted delivery finishes, by
@@ -688,6 +704,10 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ///
     /// Works on any executor; calling it again waits again.
     pub async fn close(&self) -> Result<(), Error> {
+        // What this call's own stack holds, if it comes from inside a
+        // handler: it is not waited for (it cannot finish first).
+        let own_tokens = crate::stats::tokens_here();
+        let own_deliveries = quiesce::held_here();
         let inner = Arc::clone(&self.inner);
         let closing = Arc::downgrade(&self.inner);
         inner.env.counters.close(move || {
@@ -695,6 +715,22 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 inner.finish_close();
             }
         });
+        if own_tokens > 0 || own_deliveries > 0 {
+            let (done, waited) = tokio::sync::oneshot::channel();
+            let waiter = Arc::clone(&inner);
+            std::thread::Builder::new()
+                .name("blazesub-close".into())
+                .spawn(move || {
+                    let timeout = waiter.config.close_timeout;
+                    let _ = done.send(waiter.env.counters.wait_drained_except(
+                        own_tokens,
+                        own_deliveries,
+                        timeout,
+                    ));
+                })
+                .map_err(Error::Spawn)?;
+            return waited.await.unwrap_or(Err(Error::Closed));
+        }
         if inner.env.counters.wait_drained(Duration::ZERO).is_ok() {
             return Ok(());
         }

@@ -86,6 +86,18 @@ pub enum Error {
         capacity: usize,
     },
 
+    /// In `Inline` mode, handlers publishing from inside handlers nested
+    /// deeper than the limit (a handler whose publish reaches itself again):
+    /// this publish was refused, reached no one, and was counted in
+    /// [`Stats::recursion_refused`](crate::Stats::recursion_refused).
+    #[error("publishing to {topic:?} was refused: Inline publishes nested {depth} deep (a handler publishing to a topic that reaches itself?)")]
+    RecursionLimit {
+        /// The topic published to.
+        topic: String,
+        /// How deep the publishes were nested.
+        depth: usize,
+    },
+
     /// The operating system refused to start a worker thread.
     #[error("could not start a worker thread: {0}")]
     Spawn(#[source] std::io::Error),

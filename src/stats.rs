@@ -23,6 +23,7 @@
 //! Workers add their tallies once per unit of work, not per delivery, so the
 //! hot loop touches no shared counter.
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -64,6 +65,9 @@ pub struct Stats {
     /// ([`StreamOverflow::Disconnect`](crate::StreamOverflow::Disconnect));
     /// the message that did not fit is in `dropped`.
     pub disconnects: u64,
+    /// `Inline` publishes refused because handlers nested publishes too deep
+    /// (`Error::RecursionLimit`).
+    pub recursion_refused: u64,
 }
 
 /// The `work` word: bit 63 is `CLOSED`, bits 40–62 count publish tokens,
@@ -82,6 +86,7 @@ pub(crate) struct Counters {
     handler_panics: AtomicU64,
     caller_runs: AtomicU64,
     disconnects: AtomicU64,
+    recursion_refused: AtomicU64,
     /// Live lossless (`Backpressure`) stream subscriptions: while there are
     /// none, a publish skips reserving room.
     lossless_streams: AtomicU64,
@@ -94,6 +99,25 @@ pub(crate) struct Counters {
     /// drains the bus, so it happens even if every `close` future was
     /// dropped or timed out.
     on_drained: OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+thread_local! {
+    /// Publish tokens held by this thread's stack: publishes it is in the
+    /// middle of (an `Inline` handler that closes the bus runs inside one).
+    static TOKENS_HERE: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Publish tokens this thread's stack holds (see `Bus::close`).
+pub(crate) fn tokens_here() -> u64 {
+    TOKENS_HERE.with(Cell::get)
+}
+
+fn token_taken() {
+    TOKENS_HERE.with(|tokens| tokens.set(tokens.get() + 1));
+}
+
+fn token_given_back() {
+    TOKENS_HERE.with(|tokens| tokens.set(tokens.get().saturating_sub(1)));
 }
 
 /// An admitted publish: its token keeps `close` waiting until the publish has
@@ -117,6 +141,7 @@ impl PublishGuard<'_> {
             .work
             .fetch_add((deliveries as u64).wrapping_sub(TOKEN), Ordering::AcqRel);
         self.token_held = false;
+        token_given_back();
     }
 }
 
@@ -133,6 +158,7 @@ impl PublishGuard<'_> {
 impl Drop for PublishGuard<'_> {
     fn drop(&mut self) {
         if self.token_held {
+            token_given_back();
             self.counters.release(TOKEN);
         }
     }
@@ -158,6 +184,7 @@ impl Counters {
             handler_panics: AtomicU64::new(0),
             caller_runs: AtomicU64::new(0),
             disconnects: AtomicU64::new(0),
+            recursion_refused: AtomicU64::new(0),
             lossless_streams: AtomicU64::new(0),
             work: CachePadded::new(AtomicU64::new(0)),
             drain_lock: Mutex::new(()),
@@ -173,6 +200,7 @@ impl Counters {
             self.release(TOKEN);
             return Err(Error::Closed);
         }
+        token_taken();
         Ok(PublishGuard {
             counters: self,
             token_held: true,
@@ -239,6 +267,11 @@ impl Counters {
         self.disconnects.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// An `Inline` publish refused for nesting too deep.
+    pub(crate) fn recursion_refused(&self) {
+        self.recursion_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn lossless_added(&self) {
         self.lossless_streams.fetch_add(1, Ordering::SeqCst);
     }
@@ -273,6 +306,7 @@ impl Counters {
             // Filled in by the bus, which owns the trie that counts them.
             subscriptions: 0,
             disconnects: self.disconnects.load(Ordering::Relaxed),
+            recursion_refused: self.recursion_refused.load(Ordering::Relaxed),
         }
     }
 
@@ -309,6 +343,34 @@ impl Counters {
                 .wait_timeout(guard, timeout - waited)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+        }
+    }
+
+    /// Blocks until everything accepted has finished except what the
+    /// caller's own stack holds (`own_tokens` publishes in progress and
+    /// `own_deliveries` deliveries: a handler closing the bus), or `timeout`
+    /// passes. Polls: this path is for the rare close from inside a handler.
+    pub(crate) fn wait_drained_except(
+        &self,
+        own_tokens: u64,
+        own_deliveries: u64,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let started = crate::sync::now();
+        loop {
+            let work = self.work.load(Ordering::Acquire);
+            let tokens = (work & !CLOSED) >> TOKEN.trailing_zeros();
+            if tokens <= own_tokens && work & DELIVERIES <= own_deliveries {
+                return Ok(());
+            }
+            let waited = crate::sync::now().saturating_duration_since(started);
+            if waited >= timeout {
+                return Err(Error::CloseTimeout {
+                    waited,
+                    inflight: self.inflight(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 

@@ -528,3 +528,216 @@ async fn async_ordered_handlers_await_each_call_in_order() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// 6. Handlers that act on the bus.
+// ---------------------------------------------------------------------------
+
+/// From inside handlers (sync and async, every mode, and a worker pool of
+/// one worker with a one-ticket queue so `CallerRuns` runs work on the
+/// publisher): publish, publish_async, subscribe and unsubscribe never
+/// deadlock.
+#[test]
+fn handlers_act_on_the_bus_without_deadlock() {
+    use blazesub::Overflow;
+    let configs: Vec<(DeliveryMode, usize, usize)> = vec![
+        (DeliveryMode::Inline, 2, 64),
+        (DeliveryMode::WorkerPool, 2, 64),
+        (DeliveryMode::WorkerPool, 1, 1),
+        (DeliveryMode::TaskPerSubscriber, 2, 64),
+    ];
+    for (mode, workers, queue) in configs {
+        let what = format!("{mode:?}, {workers} workers, queue {queue}");
+        let rt = common::runtime(2);
+        let bus = Bus::<u32>::builder()
+            .delivery(mode)
+            .workers(workers)
+            .queue_capacity(queue)
+            .max_inflight_tasks(4)
+            .overflow(Overflow::CallerRuns)
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap();
+        let out = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&out);
+        let _out = bus
+            .subscribe("act/out", move |_| {
+                counted.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+        let inner = bus.clone();
+        let _sync = bus
+            .subscribe("act/in", move |m| {
+                inner.publish("act/out", *m.data()).unwrap();
+                let temporary = inner.subscribe("act/tmp", |_| {}).unwrap();
+                drop(temporary);
+            })
+            .unwrap();
+        let inner = bus.clone();
+        let _async = bus
+            .subscribe_async("act/in", move |m| {
+                let bus = inner.clone();
+                async move {
+                    bus.publish_async("act/out", *m.data()).await.unwrap();
+                    let temporary = bus.subscribe_stream("act/tmp").unwrap();
+                    drop(temporary);
+                }
+            })
+            .unwrap();
+        let publisher = bus.clone();
+        common::within(LIMIT, &what, move || {
+            for value in 0..200 {
+                publisher.publish("act/in", value).unwrap();
+            }
+        });
+        assert!(
+            common::wait_until(LIMIT, || out.load(Ordering::SeqCst) == 400),
+            "{what}: {} of 400",
+            out.load(Ordering::SeqCst)
+        );
+    }
+}
+
+/// `close()` called from inside a handler finishes once everything else
+/// has drained, without waiting for its own caller: a sync handler blocking
+/// on it (pool worker, `Inline` publisher thread) and an async handler
+/// awaiting it (every mode), while a slow handler elsewhere is still busy.
+#[test]
+fn close_from_a_handler_waits_for_everything_else_only() {
+    use std::sync::atomic::AtomicBool;
+    for (mode, sync) in [
+        (DeliveryMode::WorkerPool, true),
+        (DeliveryMode::Inline, true),
+        (DeliveryMode::WorkerPool, false),
+        (DeliveryMode::TaskPerSubscriber, false),
+        (DeliveryMode::Inline, false),
+    ] {
+        let what = format!("{mode:?}, sync handler: {sync}");
+        let rt = common::runtime(2);
+        let bus = Bus::<u32>::builder()
+            .delivery(mode)
+            .workers(2)
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap();
+        let slow_done = Arc::new(AtomicBool::new(false));
+        let slow_started = Arc::new(common::Countdown::new());
+        let _slow = {
+            let (done, started) = (Arc::clone(&slow_done), Arc::clone(&slow_started));
+            bus.subscribe("slow", move |_| {
+                started.arrive();
+                std::thread::sleep(Duration::from_millis(150));
+                done.store(true, Ordering::SeqCst);
+            })
+            .unwrap()
+        };
+        let closed = Arc::new(common::Countdown::new());
+        let saw_slow_done = Arc::new(AtomicBool::new(false));
+        let inner = bus.clone();
+        let (closed_flag, saw) = (Arc::clone(&closed), Arc::clone(&saw_slow_done));
+        let slow_flag = Arc::clone(&slow_done);
+        let _closer = if sync {
+            bus.subscribe("close", move |_| {
+                let result = block_on(inner.close());
+                assert!(result.is_ok(), "{result:?}");
+                saw.store(slow_flag.load(Ordering::SeqCst), Ordering::SeqCst);
+                closed_flag.arrive();
+            })
+            .unwrap()
+        } else {
+            bus.subscribe_async("close", move |_m| {
+                let (bus, closed, saw, slow) = (
+                    inner.clone(),
+                    Arc::clone(&closed_flag),
+                    Arc::clone(&saw),
+                    Arc::clone(&slow_flag),
+                );
+                async move {
+                    let result = bus.close().await;
+                    assert!(result.is_ok(), "{result:?}");
+                    saw.store(slow.load(Ordering::SeqCst), Ordering::SeqCst);
+                    closed.arrive();
+                }
+            })
+            .unwrap()
+        };
+        let slow_publisher = {
+            let bus = bus.clone();
+            std::thread::spawn(move || bus.publish("slow", 1).unwrap())
+        };
+        assert!(slow_started.wait_for(1, LIMIT), "{what}");
+        let closer = {
+            let bus = bus.clone();
+            std::thread::spawn(move || bus.publish("close", 1).unwrap())
+        };
+        assert!(
+            closed.wait_for(1, LIMIT),
+            "{what}: close from a handler never returned"
+        );
+        assert!(
+            saw_slow_done.load(Ordering::SeqCst),
+            "{what}: close returned before the other handler drained"
+        );
+        slow_publisher.join().unwrap();
+        closer.join().unwrap();
+        assert!(bus.is_closed());
+        assert!(
+            common::wait_until(LIMIT, || bus.inflight_messages() == 0),
+            "{what}"
+        );
+    }
+}
+
+/// In `Inline` mode a handler whose publish reaches itself again is stopped
+/// at the depth limit with an error, counted, never a stack overflow.
+#[test]
+fn inline_recursion_is_bounded_and_counted() {
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::Inline)
+        .build()
+        .unwrap();
+    let deepest = Arc::new(AtomicU64::new(0));
+    let refusals = Arc::new(AtomicU64::new(0));
+    let inner = bus.clone();
+    let (deep, refused) = (Arc::clone(&deepest), Arc::clone(&refusals));
+    let sub = bus
+        .subscribe("echo", move |m| {
+            deep.fetch_max(u64::from(*m.data()), Ordering::SeqCst);
+            if let Err(error) = inner.publish("echo", m.data() + 1) {
+                assert!(matches!(error, Error::RecursionLimit { .. }), "{error}");
+                refused.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .unwrap();
+    // A thread with a small stack: an unbounded recursion would overflow it.
+    let publisher = bus.clone();
+    std::thread::Builder::new()
+        .stack_size(8 << 20)
+        .spawn(move || publisher.publish("echo", 1).unwrap())
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!(refusals.load(Ordering::SeqCst), 1);
+    assert_eq!(bus.stats().recursion_refused, 1);
+    assert_eq!(deepest.load(Ordering::SeqCst), 64);
+    drop(sub); // releases the handler's bus clone
+}
+
+/// A tiny executor: polls `future` on this thread, parking between polls.
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}

@@ -31,6 +31,7 @@ use smallvec::SmallVec;
 use super::{pending, report_panic, Env, Plan, Policy};
 use crate::message::Message;
 use crate::registry::entry::{BoxFuture, HandlerEntry};
+use crate::registry::quiesce;
 use crate::registry::route::HandlerSets;
 use crate::registry::subset::HandlerSet;
 use crate::stats::Tally;
@@ -159,6 +160,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                 }
             }
         }
+        quiesce::unhold(progress.claimed as u64);
         tally.finished += (progress.claimed - progress.handed_over) as u64;
         tally.delivered += (progress.claimed - progress.not_delivered) as u64;
         self.runners.fetch_sub(1, Ordering::Relaxed);
@@ -220,6 +222,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         }
         let end = (start + size).min(self.total);
         p.claimed += end - start;
+        quiesce::hold((end - start) as u64);
         p.current = start;
         p.claim_end = end;
         if end < self.total && self.plan.runners < self.plan.max_runners {

@@ -6,6 +6,7 @@
 //! pending after its first poll continues as a task, within
 //! `max_inflight_tasks` (see `pending.rs`).
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use super::pending::{self, Place};
@@ -13,10 +14,43 @@ use super::{Env, Fanout, Runner};
 use crate::registry::entry::BoxFuture;
 use crate::stats::Tally;
 
+/// How deep `Inline` publishes may nest on one thread (a handler publishing
+/// to a topic that reaches a handler that publishes, and so on). A publish
+/// deeper than this is refused (`Error::RecursionLimit`) and counted, instead
+/// of overflowing the stack.
+pub(crate) const MAX_INLINE_DEPTH: usize = 64;
+
+thread_local! {
+    /// `Inline` jobs running on this thread's stack.
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
+/// `Inline` jobs running on this thread's stack now.
+pub(crate) fn depth() -> usize {
+    DEPTH.with(Cell::get)
+}
+
+/// Counts this thread one job deeper while it runs.
+struct Deeper;
+
+impl Deeper {
+    fn enter() -> Self {
+        DEPTH.with(|depth| depth.set(depth.get() + 1));
+        Self
+    }
+}
+
+impl Drop for Deeper {
+    fn drop(&mut self) {
+        DEPTH.with(|depth| depth.set(depth.get().saturating_sub(1)));
+    }
+}
+
 /// Runs every delivery; returns how many were dropped (async deliveries
 /// cancelled at the task cap under `Overflow::Drop` or `Overflow::Error`).
 pub(super) fn run<T: Send + Sync + 'static>(job: &Fanout<T>, env: &Arc<Env>) -> usize {
     let mut tally = Tally::default();
+    let _deeper = Deeper::enter();
     job.run(env, &mut InlineRunner { env }, &mut tally);
     env.counters.add(&tally);
     tally.dropped as usize

@@ -64,6 +64,7 @@ use crate::registry::quiesce::Quiescence;
 use crate::stats::{Counters, Tally};
 
 pub(crate) use fanout::{Fanout, Runner};
+pub(crate) use inline::{depth as inline_depth, MAX_INLINE_DEPTH};
 pub(crate) use ordered::{DrainOn, Ordered, OrderedHandler};
 pub(crate) use permit::TaskGauge;
 
@@ -97,6 +98,11 @@ impl Policy {
             workers: config.workers,
             inline: config.delivery == DeliveryMode::Inline,
         }
+    }
+
+    /// Whether publishes run inline (`DeliveryMode::Inline`).
+    pub(crate) fn is_inline(&self) -> bool {
+        self.inline
     }
 
     pub(crate) fn plan(&self, deliveries: usize) -> Plan {

@@ -34,6 +34,7 @@ use super::{report_panic, Env};
 use crate::message::Message;
 use crate::registry::entry::{BoxFuture, StreamEntry, Subscriber};
 use crate::registry::mailbox::{Consumer, Mailbox};
+use crate::registry::quiesce;
 use crate::stats::Tally;
 use crate::sync::channel::Sender;
 use crate::sync::{fence, AtomicBool, Ordering};
@@ -91,6 +92,7 @@ impl<T: Send + Sync + 'static> Ordered<T> {
         loop {
             while let Ok(message) = entry.sink.try_pop() {
                 tally.finished += 1;
+                quiesce::hold(1);
                 if !entry.is_active() {
                     continue;
                 }
@@ -106,6 +108,7 @@ impl<T: Send + Sync + 'static> Ordered<T> {
                 break;
             }
         }
+        quiesce::unhold(tally.finished);
         self.env.counters.add(&tally);
     }
 

@@ -55,6 +55,28 @@ thread_local! {
     /// The async subscriptions whose deliveries this thread is polling now
     /// (their [`Running`] counters, by address), innermost last.
     static POLLING: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// Deliveries in flight that the runners and async deliveries on this
+    /// thread's stack hold: a `close` called from a handler does not wait
+    /// for them (they cannot finish before it returns).
+    static HELD: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Runners on this thread now hold `n` more deliveries (see [`held_here`]).
+#[inline]
+pub(crate) fn hold(n: u64) {
+    HELD.with(|held| held.set(held.get() + n));
+}
+
+/// Runners on this thread no longer hold `n` deliveries.
+#[inline]
+pub(crate) fn unhold(n: u64) {
+    HELD.with(|held| held.set(held.get().saturating_sub(n)));
+}
+
+/// In-flight deliveries held by the call stack of this thread: what a
+/// `close` called from inside a handler must not wait for.
+pub(crate) fn held_here() -> u64 {
+    HELD.with(Cell::get)
 }
 
 /// The bus's record of which runners are delivering.
@@ -196,7 +218,14 @@ impl Running {
             let mut future = pin!(future);
             std::future::poll_fn(|cx| {
                 POLLING.with(|polling| polling.borrow_mut().push(key));
-                let _unmark = Unmark;
+                // Polled outside any runner (continued as a task), this
+                // delivery is held by this thread's stack; inside a runner
+                // (its first poll), the runner already holds it.
+                let outside = INSIDE.with(|inside| inside.get() == [0, 0]);
+                if outside {
+                    hold(1);
+                }
+                let _unmark = Unmark { held: outside };
                 future.as_mut().poll(cx)
             })
             .await;
@@ -222,13 +251,18 @@ impl Running {
 }
 
 /// Pops this thread's "being polled" mark, even if the poll panics.
-struct Unmark;
+struct Unmark {
+    held: bool,
+}
 
 impl Drop for Unmark {
     fn drop(&mut self) {
         POLLING.with(|polling| {
             polling.borrow_mut().pop();
         });
+        if self.held {
+            unhold(1);
+        }
     }
 }
 
