@@ -83,6 +83,26 @@
 //! handler — another `Subscription`, a `Receiver`, the bus — is safe: the bus
 //! never runs user `Drop` code while it holds a lock.
 //!
+//! # Delivery contracts
+//! Each subscription chooses its contract (see `docs/contracts.md` for what
+//! each costs):
+//!
+//! | subscription | ordered? | lossy or lossless | when it is full, the publisher… |
+//! |---|---|---|---|
+//! | [`Bus::subscribe`] (handler) | no | lossless unless `Overflow::Drop`/`Error` | runs the work itself (`CallerRuns`), or drops and counts it |
+//! | [`Bus::subscribe_ordered`] (handler) | yes: no overlap, each publisher's order | drops what overflows its queue, counted | never waits |
+//! | stream, [`StreamOverflow::DropOldest`] (default) | each publisher's order | lossy: the oldest goes, counted | never waits |
+//! | stream, [`StreamOverflow::DropNewest`] | each publisher's order | lossy: the newest goes, counted | never waits |
+//! | stream, [`StreamOverflow::Backpressure`] | each publisher's order | lossless | `publish`: [`Error::Full`], reaching no one; [`Bus::publish_async`]: waits for room |
+//! | stream, [`StreamOverflow::Disconnect`] | each publisher's order | the stream ends at its first overflow | never waits |
+//!
+//! Handlers may act on the bus: `publish`, `publish_async`, `subscribe`,
+//! unsubscribing and `close` from inside a handler never deadlock (`close`
+//! then waits for everything but its own caller). In `Inline` mode a handler
+//! whose publishes reach itself again is stopped at 64 nested publishes with
+//! [`Error::RecursionLimit`] (counted), never a stack overflow.
+//! [`Bus::has_subscribers`] tells a publisher whether anyone listens.
+//!
 //! # Closing
 //! [`Bus::close`] refuses new publishes and subscriptions at once
 //! ([`Error::Closed`]), waits for every accepted delivery to finish, then
