@@ -131,6 +131,9 @@ mod handler;
 mod handles;
 mod message;
 mod registry;
+mod request;
+mod retained;
+mod shared;
 mod stats;
 mod sync;
 pub mod topic;
@@ -145,7 +148,7 @@ struct ReadmeDoctest;
 
 pub use builder::BusBuilder;
 pub use bus::{Bus, ByteBus, Footprint};
-pub use config::{Batch, Config, DeliveryMode, Overflow};
+pub use config::{Batch, Config, DeliveryMode, Overflow, SharePolicy};
 pub use error::{Error, Rejected};
 pub use handler::Handler;
 pub use handles::Subscription;

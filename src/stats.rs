@@ -58,8 +58,22 @@ pub struct Stats {
     /// [`Bus::inflight_messages`](crate::Bus::inflight_messages)).
     pub inflight: u64,
     /// Live subscriptions (as
-    /// [`Bus::subscriptions_count`](crate::Bus::subscriptions_count)).
+    /// [`Bus::subscriptions_count`](crate::Bus::subscriptions_count)),
+    /// shared-group members included.
     pub subscriptions: u64,
+    /// Topics retained now ([`Bus::publish_retained`](crate::Bus::publish_retained)).
+    pub retained: u64,
+    /// Retained messages evicted to keep within
+    /// [`Config::max_retained`](crate::Config::max_retained) (the topic
+    /// retained least recently goes first).
+    pub retained_evicted: u64,
+    /// Retained messages removed because
+    /// [`Config::retained_expiry`](crate::Config::retained_expiry) passed.
+    pub retained_expired: u64,
+    /// Replies that found no request waiting ([`Bus::reply`](crate::Bus::reply)
+    /// to a request that had already ended: answered, timed out or
+    /// cancelled). Dropped, and counted here.
+    pub late_replies: u64,
 }
 
 /// The `work` word: bit 63 is `CLOSED`, bits 40–62 count publish tokens,
@@ -77,6 +91,14 @@ pub(crate) struct Counters {
     dropped: AtomicU64,
     handler_panics: AtomicU64,
     caller_runs: AtomicU64,
+    /// Deliveries a runner counted as delivered that a shared group's member
+    /// turned into something else (a push into another member's mailbox,
+    /// counted when read; or a drop, counted as dropped), or that a primed
+    /// handler counts again when it runs them; subtracted from `delivered`.
+    retracted: AtomicU64,
+    pub(crate) retained_evicted: AtomicU64,
+    pub(crate) retained_expired: AtomicU64,
+    pub(crate) late_replies: AtomicU64,
     /// `CLOSED` | publish tokens | deliveries in flight; see [`CLOSED`].
     work: CachePadded<AtomicU64>,
     drain_lock: Mutex<()>,
@@ -139,6 +161,10 @@ impl Counters {
             dropped: AtomicU64::new(0),
             handler_panics: AtomicU64::new(0),
             caller_runs: AtomicU64::new(0),
+            retracted: AtomicU64::new(0),
+            retained_evicted: AtomicU64::new(0),
+            retained_expired: AtomicU64::new(0),
+            late_replies: AtomicU64::new(0),
             work: CachePadded::new(AtomicU64::new(0)),
             drain_lock: Mutex::new(()),
             drained: Condvar::new(),
@@ -214,6 +240,12 @@ impl Counters {
         self.dropped.fetch_add(dropped, Ordering::Relaxed);
     }
 
+    /// Takes back `n` deliveries a runner will count (or has counted) as
+    /// delivered; see `retracted`.
+    pub(crate) fn retract_delivered(&self, n: u64) {
+        self.retracted.fetch_add(n, Ordering::Relaxed);
+    }
+
     pub(crate) fn caller_ran(&self) {
         self.caller_runs.fetch_add(1, Ordering::Relaxed);
     }
@@ -226,13 +258,22 @@ impl Counters {
     pub(crate) fn snapshot(&self) -> Stats {
         Stats {
             published: self.published.load(Ordering::Relaxed),
-            delivered: self.delivered.load(Ordering::Relaxed),
+            // Retractions come after (or just before) the count they take
+            // back; never report below zero meanwhile.
+            delivered: self
+                .delivered
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.retracted.load(Ordering::Relaxed)),
             dropped: self.dropped.load(Ordering::Relaxed),
             handler_panics: self.handler_panics.load(Ordering::Relaxed),
             caller_runs: self.caller_runs.load(Ordering::Relaxed),
             inflight: self.inflight(),
             // Filled in by the bus, which owns the trie that counts them.
             subscriptions: 0,
+            retained: 0,
+            retained_evicted: self.retained_evicted.load(Ordering::Relaxed),
+            retained_expired: self.retained_expired.load(Ordering::Relaxed),
+            late_replies: self.late_replies.load(Ordering::Relaxed),
         }
     }
 

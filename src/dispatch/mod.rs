@@ -45,6 +45,7 @@
 //! the overflow policy). Runners add up what they did in a [`Tally`] and
 //! publish it to the shared counters once per job, not once per delivery.
 
+mod direct;
 mod fanout;
 mod inline;
 mod pending;
@@ -61,6 +62,7 @@ use crate::error::Error;
 use crate::registry::quiesce::Quiescence;
 use crate::stats::{Counters, Tally};
 
+pub(crate) use direct::deliver_now;
 pub(crate) use fanout::{Fanout, Runner};
 pub(crate) use permit::TaskGauge;
 

@@ -41,6 +41,10 @@ pub(crate) struct Mailbox<T> {
     /// Set by the receiver's drop, before it drains: nobody will take from
     /// this mailbox again. See the module docs.
     reader_gone: AtomicBool,
+    /// Retained publishes numbered this or lower were in the snapshot this
+    /// mailbox was primed with (or older than it): a live copy of one is a
+    /// duplicate and is skipped. 0 for a mailbox not primed.
+    retained_after: u64,
 }
 
 impl<T> Mailbox<T> {
@@ -51,7 +55,23 @@ impl<T> Mailbox<T> {
             lost: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             reader_gone: AtomicBool::new(false),
+            retained_after: 0,
         }
+    }
+
+    /// A mailbox primed with a retained snapshot taken at retained sequence
+    /// number `after` (see `retained.rs`).
+    pub(crate) fn primed(capacity: usize, after: u64) -> Self {
+        Self {
+            retained_after: after,
+            ..Self::new(capacity)
+        }
+    }
+
+    /// Counts `n` messages as lost without pushing them (a snapshot larger
+    /// than the mailbox keeps its newest messages).
+    pub(crate) fn count_lost(&self, n: u64) {
+        self.lost.fetch_add(n, Ordering::Release);
     }
 
     /// Pushes `message`; returns how many messages this push dropped, for
@@ -59,6 +79,10 @@ impl<T> Mailbox<T> {
     /// oldest, plus any it cleared out of a mailbox whose receiver was
     /// dropped meanwhile.
     pub(crate) fn push(&self, message: Arc<Message<T>>) -> u64 {
+        if message.seq() != 0 && message.seq() <= self.retained_after {
+            // Already delivered, as part of this mailbox's retained snapshot.
+            return 0;
+        }
         if self.closed.load(Ordering::Acquire) {
             self.lost.fetch_add(1, Ordering::Release);
             return 1;
@@ -98,6 +122,12 @@ impl<T> Mailbox<T> {
         // Pairs with the fence in `push`.
         fence(Ordering::SeqCst);
         self.drain()
+    }
+
+    /// Takes a queued message without registering a waker (a shared group's
+    /// leaving member handing its queue over).
+    pub(crate) fn take(&self) -> Option<Arc<Message<T>>> {
+        self.queue.pop()
     }
 
     /// Pops everything queued; returns how many.
