@@ -192,6 +192,10 @@ pub(crate) struct SharedGroups<T> {
     members: AtomicU64,
 }
 
+/// Messages a leaving stream member bounced back to a publisher, with their
+/// group.
+type Bounced<T> = (Arc<Group<T>>, Vec<Arc<Message<T>>>);
+
 /// Things a change replaced, dropped after the lock.
 type Replaced<T> = (Option<Arc<Vec<Member<T>>>>, Option<Arc<Vec<Arc<Group<T>>>>>);
 
@@ -248,6 +252,9 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
         // whose filter overlaps it.
         let to_filter = topic.contains(['+', '#']);
         let mut reached = 0;
+        // Messages a leaving stream member bounced, passed on after the
+        // loads below are let go (passing on may run a handler).
+        let mut bounced: Vec<Bounced<T>> = Vec::new();
         self.list.with(|groups| {
             for group in groups.iter() {
                 let reaches = if to_filter {
@@ -267,9 +274,13 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
                             reached += 1;
                         }
                         Some(Member::Stream { entry, .. }) => {
-                            let dropped = entry.sink.push(Arc::clone(message));
+                            let mut back = Vec::new();
+                            let dropped = entry.sink.push_or_return(Arc::clone(message), &mut back);
                             if dropped > 0 {
                                 counters.dropped_now(dropped);
+                            }
+                            if !back.is_empty() {
+                                bounced.push((Arc::clone(group), back));
                             }
                             reached += 1;
                         }
@@ -277,7 +288,43 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
                     });
             }
         });
+        for (group, messages) in bounced {
+            for message in messages {
+                self.pass_on(&group, message, counters);
+            }
+        }
         reached
+    }
+
+    /// Gives `message`, which a leaving stream member could not keep, to a
+    /// member of the group's current list, from a publisher; counts it
+    /// dropped if none can take it.
+    fn pass_on(&self, group: &Group<T>, message: Arc<Message<T>>, counters: &Counters) {
+        let mut pending = vec![message];
+        // Each try finds the list without a member that bounced (it leaves
+        // the list before it closes); bounded all the same.
+        let mut tries = 0;
+        while let Some(message) = pending.pop() {
+            tries += 1;
+            let members = group.members.load_full();
+            match group.pick(&members, message.topic()) {
+                _ if tries > 64 => counters.dropped_now(1),
+                Some(Member::Handler { entry, state, .. }) => {
+                    // Not necessarily this publish's message (the member
+                    // may have left with others queued): delivered here, on
+                    // the publisher's thread, as under `CallerRuns`.
+                    state.load.fetch_add(1, Ordering::Relaxed);
+                    deliver_now(&entry.sink, &message, &self.env);
+                }
+                Some(Member::Stream { entry, .. }) => {
+                    let dropped = entry.sink.push_or_return(message, &mut pending);
+                    if dropped > 0 {
+                        counters.dropped_now(dropped);
+                    }
+                }
+                None => counters.dropped_now(1),
+            }
+        }
     }
 
     /// Adds `member` to the group of `filter` (a valid shared filter),
@@ -367,9 +414,14 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
                 deliver_now(&entry.sink, &message, &self.env);
             }
             Some(Member::Stream { entry, .. }) => {
-                let dropped = entry.sink.push(message);
+                let mut back = Vec::new();
+                let dropped = entry.sink.push_or_return(message, &mut back);
                 if dropped > 0 {
                     self.env.counters.dropped_now(dropped);
+                }
+                for bounced in back {
+                    let members = group.members.load_full();
+                    self.hand_over(&members, group, bounced);
                 }
             }
             None => self.env.counters.dropped_now(1),
@@ -405,7 +457,9 @@ impl<T: Send + Sync + 'static> Registry for SharedGroups<T> {
                 state.left.store(true, Ordering::SeqCst);
             }
             Member::Stream { entry, .. } => {
-                // Hand the queue over, with no lock held.
+                // Hand the queue over, with no lock held. Pushes from now on
+                // bounce back to their publisher, who passes them on.
+                entry.sink.leaving();
                 while let Some(message) = entry.sink.take() {
                     self.hand_over(&rest, &group, message);
                 }
@@ -439,7 +493,7 @@ struct MemberSink<T, S> {
     inner: S,
     state: Arc<MemberState>,
     group: Weak<Group<T>>,
-    shared: Weak<SharedGroups<T>>,
+    counters: Arc<Counters>,
 }
 
 /// Takes one delivery off a member's load when it ends, however it ends.
@@ -490,19 +544,25 @@ impl<T: Send + Sync + 'static, S> MemberSink<T, S> {
     /// this runner. The runner counts what this returns as one delivery, so
     /// a push (counted when read) or a drop takes that count back.
     fn redirect(&self, message: &Arc<Message<T>>) -> Option<BoxFuture> {
-        let (Some(group), Some(shared)) = (self.group.upgrade(), self.shared.upgrade()) else {
-            return None;
-        };
-        let counters = &shared.env.counters;
-        let members = group.members.load_full();
-        match group.pick(&members, message.topic()) {
+        let counters = &self.counters;
+        let members = self
+            .group
+            .upgrade()
+            .map(|group| (group.members.load_full(), group));
+        let picked = members
+            .as_ref()
+            .and_then(|(members, group)| group.pick(members, message.topic()));
+        match picked {
             Some(Member::Handler { entry, state, .. }) => {
                 state.load.fetch_add(1, Ordering::Relaxed);
                 entry.sink.deliver(message)
             }
             Some(Member::Stream { entry, .. }) => {
                 counters.retract_delivered(1);
-                let dropped = entry.sink.push(Arc::clone(message));
+                let mut back = Vec::new();
+                let mut dropped = entry.sink.push_or_return(Arc::clone(message), &mut back);
+                // A stream member leaving right now: rare enough to drop.
+                dropped += back.len() as u64;
                 if dropped > 0 {
                     counters.dropped_now(dropped);
                 }
@@ -542,7 +602,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
                     inner: sink,
                     state: Arc::clone(&state),
                     group: Arc::downgrade(group),
-                    shared: Arc::downgrade(shared),
+                    counters: Arc::clone(&self.inner.env.counters),
                 },
             ));
             control = Some(Arc::clone(&entry) as Arc<dyn EntryControl>);

@@ -124,6 +124,48 @@ impl<T> Mailbox<T> {
         self.drain()
     }
 
+    /// A shared group member's push: as [`Self::push`], except that a
+    /// message that cannot stay (the mailbox is closed, or its member left
+    /// during the push) is put in `back` for another member instead of
+    /// being dropped. Returns how many it dropped (the oldest, pushed out of
+    /// a full mailbox).
+    pub(crate) fn push_or_return(
+        &self,
+        message: Arc<Message<T>>,
+        back: &mut Vec<Arc<Message<T>>>,
+    ) -> u64 {
+        if self.closed.load(Ordering::Acquire) {
+            back.push(message);
+            return 0;
+        }
+        let mut dropped = 0;
+        if self.queue.force_push(message).is_some() {
+            self.lost.fetch_add(1, Ordering::Release);
+            dropped = 1;
+        }
+        // Pairs with the fence in `leaving`: either its drain sees this
+        // push, or this load sees the flag (and whoever pops a message
+        // passes it on).
+        fence(Ordering::SeqCst);
+        if self.reader_gone.load(Ordering::Acquire) {
+            while let Some(message) = self.queue.pop() {
+                back.push(message);
+            }
+            return dropped;
+        }
+        self.waker.wake();
+        dropped
+    }
+
+    /// A shared group's member is leaving (it has been taken out of its
+    /// group's list first): no more pushes stay; what is queued is taken
+    /// with [`Self::take`] and passed on.
+    pub(crate) fn leaving(&self) {
+        self.reader_gone.store(true, Ordering::Release);
+        self.closed.store(true, Ordering::Release);
+        fence(Ordering::SeqCst);
+    }
+
     /// Takes a queued message without registering a waker (a shared group's
     /// leaving member handing its queue over).
     pub(crate) fn take(&self) -> Option<Arc<Message<T>>> {
