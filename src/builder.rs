@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 
 use crate::bus::Bus;
-use crate::config::{Batch, Config, DeliveryMode, Overflow};
+use crate::config::{Batch, Config, DeliveryMode, Overflow, SharePolicy};
 use crate::error::Error;
 
 /// Builds a [`Bus`]; every method sets the [`Config`] field of the same name.
@@ -110,6 +110,24 @@ impl<T: Send + Sync + 'static> BusBuilder<T> {
     /// See [`Config::close_timeout`].
     pub fn close_timeout(mut self, timeout: Duration) -> Self {
         self.config.close_timeout = timeout;
+        self
+    }
+
+    /// See [`Config::max_retained`].
+    pub fn max_retained(mut self, topics: usize) -> Self {
+        self.config.max_retained = topics;
+        self
+    }
+
+    /// See [`Config::retained_expiry`].
+    pub fn retained_expiry(mut self, expiry: Duration) -> Self {
+        self.config.retained_expiry = Some(expiry);
+        self
+    }
+
+    /// See [`Config::share_policy`].
+    pub fn share_policy(mut self, policy: SharePolicy) -> Self {
+        self.config.share_policy = policy;
         self
     }
 

@@ -28,11 +28,14 @@ use crate::registry::quiesce::{self, Quiescence};
 use crate::registry::route::{Route, RouteCache};
 use crate::registry::trie::{Handlers, InsertError, Streams, Trie};
 use crate::registry::{Kind, Registry};
+use crate::request::Requests;
 use crate::reserve::{reserve_now, reserve_waiting, NoRoom, Reservations};
+use crate::retained::RetainedStore;
+use crate::shared::SharedGroups;
 use crate::stats::{Counters, PublishGuard, Stats, Tally};
 use crate::stream_options::{StreamOptions, StreamOverflow};
 use crate::sync::{AtomicU64, Ordering};
-use crate::topic::{validate_filter, validate_topic};
+use crate::topic::{split_shared, validate_filter, validate_topic};
 
 /// An in-process publish/subscribe bus carrying values of type `T`.
 ///
@@ -63,21 +66,27 @@ use crate::topic::{validate_filter, validate_topic};
 /// # Ok(()) }
 /// ```
 pub struct Bus<T> {
-    inner: Arc<BusInner<T>>,
+    pub(crate) inner: Arc<BusInner<T>>,
 }
 
 /// A bus carrying `bytes::Bytes` payloads, as a bridge or a network service
 /// would: one shared buffer per publish, whatever the subscriber count.
 pub type ByteBus = Bus<bytes::Bytes>;
 
-struct BusInner<T> {
-    config: Config,
-    trie: Arc<Trie<T>>,
-    routes: RouteCache<T>,
-    env: Arc<Env>,
+pub(crate) struct BusInner<T> {
+    pub(crate) config: Config,
+    pub(crate) trie: Arc<Trie<T>>,
+    pub(crate) routes: RouteCache<T>,
+    pub(crate) env: Arc<Env>,
     policy: Policy,
-    dispatcher: Dispatcher<T>,
+    pub(crate) dispatcher: Dispatcher<T>,
     next_id: AtomicU64,
+    /// Retained messages (`retained.rs`).
+    pub(crate) retained: RetainedStore<T>,
+    /// Shared subscription groups (`shared.rs`).
+    pub(crate) shared: Arc<SharedGroups<T>>,
+    /// Reply topics and request deadlines (`request.rs`).
+    pub(crate) requests: Requests,
 }
 
 /// Sizes of a bus's internal structures, for capacity planning and leak
@@ -129,6 +138,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let dispatcher = Dispatcher::start(&config, &env)?;
         Ok(Self {
             inner: Arc::new(BusInner {
+                retained: RetainedStore::new(&config),
+                shared: Arc::new(SharedGroups::new(config.share_policy, &env)),
+                requests: Requests::new(),
                 policy: Policy::new(&config),
                 routes: RouteCache::new(config.route_cache_capacity),
                 trie: Arc::new(Trie::new()),
@@ -242,6 +254,21 @@ impl<T: Send + Sync + 'static> Bus<T> {
         validate_filter(filter)?;
         self.check_open()?;
         let id = self.next_id();
+        if split_shared(filter).is_some() {
+            return self.join_group_handler(filter, id, sink);
+        }
+        self.insert_handler(filter, id, sink)
+    }
+
+    /// Subscribes a handler with no retained snapshot (for a bus's own
+    /// subscriptions, and as the plain path).
+    #[allow(dead_code)]
+    pub(crate) fn insert_plain_handler<S: Sink<T> + Tracked + 'static>(
+        &self,
+        filter: &str,
+        id: u64,
+        sink: S,
+    ) -> Result<Subscription, Error> {
         let mut made: Option<(Arc<dyn EntryControl>, Arc<str>)> = None;
         self.inner
             .trie
@@ -256,7 +283,12 @@ impl<T: Send + Sync + 'static> Bus<T> {
     }
 
     /// The user's handle on an entry the trie just took in.
-    fn handle(&self, entry: Arc<dyn EntryControl>, filter: Arc<str>, kind: Kind) -> Subscription {
+    pub(crate) fn handle(
+        &self,
+        entry: Arc<dyn EntryControl>,
+        filter: Arc<str>,
+        kind: Kind,
+    ) -> Subscription {
         let trie = Arc::downgrade(&self.inner.trie);
         let registry: std::sync::Weak<dyn Registry> = trie;
         Subscription::new(
@@ -412,12 +444,37 @@ impl<T: Send + Sync + 'static> Bus<T> {
         }
         self.check_open()?;
         let id = self.next_id();
+        if split_shared(filter).is_some() {
+            if overflow != StreamOverflow::DropOldest {
+                return Err(Error::InvalidArgument {
+                    name: "options",
+                    value: format!("{overflow:?}"),
+                    reason: "is not available to a shared stream subscription, whose members take the default policy (DropOldest)",
+                });
+            }
+            return self.join_group_stream(filter, id, capacity);
+        }
         let lossless = overflow == StreamOverflow::Backpressure;
         if lossless {
             // Counted before the entry is visible: a publish that can see it
             // also sees the count, and reserves room in it.
             self.inner.env.counters.lossless_added();
         }
+        let subscribed = self.insert_stream(filter, id, capacity, overflow, true);
+        if subscribed.is_err() && lossless {
+            self.inner.env.counters.lossless_removed();
+        }
+        subscribed
+    }
+
+    /// Subscribes a stream with no retained snapshot.
+    pub(crate) fn insert_plain_stream(
+        &self,
+        filter: &str,
+        id: u64,
+        capacity: usize,
+        overflow: StreamOverflow,
+    ) -> Result<Receiver<T>, Error> {
         let mut made = None;
         self.inner
             .trie
@@ -429,30 +486,30 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 made = Some((Arc::clone(&entry), filter));
                 entry
             })
-            .map_err(|InsertError::Closed| {
-                if lossless {
-                    self.inner.env.counters.lossless_removed();
-                }
-                Error::Closed
-            })?;
+            .map_err(|InsertError::Closed| Error::Closed)?;
         let (entry, filter) = made.expect("insert made the entry");
+        Ok(self.receiver(entry, filter))
+    }
+
+    /// The user's receiver on a stream entry the trie just took in.
+    pub(crate) fn receiver(
+        &self,
+        entry: crate::registry::entry::StreamEntry<T>,
+        filter: Arc<str>,
+    ) -> Receiver<T> {
         let subscription = self.handle(
             Arc::clone(&entry) as Arc<dyn EntryControl>,
             filter,
             Kind::Streams,
         );
-        Ok(Receiver::new(
-            entry,
-            Arc::clone(&self.inner.env.counters),
-            subscription,
-        ))
+        Receiver::new(entry, Arc::clone(&self.inner.env.counters), subscription)
     }
 
-    fn next_id(&self) -> u64 {
+    pub(crate) fn next_id(&self) -> u64 {
         self.inner.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn check_open(&self) -> Result<(), Error> {
+    pub(crate) fn check_open(&self) -> Result<(), Error> {
         if self.inner.env.counters.is_closed() {
             return Err(Error::Closed);
         }
@@ -555,7 +612,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ) -> Result<usize, Rejected<T>> {
         let inner = &*self.inner;
         let counters = &inner.env.counters;
-        let mut admitted = match counters.begin_publish() {
+        let admitted = match counters.begin_publish() {
             Ok(admitted) => admitted,
             Err(error) => return Err(Rejected::with_value(error, data)),
         };
@@ -571,7 +628,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
             return Err(Rejected::with_value(error, data));
         }
         let route = inner.routes.route(&inner.trie, topic);
-        let mut reservations = match reserved {
+        let reservations = match reserved {
             Some(reservations) => reservations,
             None if counters.has_lossless_streams() => match reserve_now(&route) {
                 Ok(reservations) => reservations,
@@ -586,12 +643,47 @@ impl<T: Send + Sync + 'static> Bus<T> {
             None => Reservations::none(),
         };
         let message = Arc::new(Message::stamped(Arc::clone(&route.topic), data, metadata));
+        self.fan_out(admitted, topic, route, message, Some(reservations))
+    }
+
+    /// The second half of a publish: `message` (to `route`'s topic) goes to
+    /// every stream, handler and shared group the route reaches.
+    pub(crate) fn fan_out(
+        &self,
+        mut admitted: PublishGuard<'_>,
+        topic: &str,
+        route: Arc<Route<T>>,
+        message: Arc<Message<T>>,
+        reserved: Option<Reservations<T>>,
+    ) -> Result<usize, Rejected<T>> {
+        let inner = &*self.inner;
+        let counters = &inner.env.counters;
+        // Callers that made the message before reserving (retained
+        // publishes, requests) reserve here; a refusal cannot hand the value
+        // back then.
+        let mut reservations = match reserved {
+            Some(reservations) => reservations,
+            None if counters.has_lossless_streams() => match reserve_now(&route) {
+                Ok(reservations) => reservations,
+                Err(NoRoom { capacity }) => {
+                    return Err(Rejected {
+                        error: Error::Full {
+                            topic: topic.to_owned(),
+                            capacity,
+                        },
+                        value: None,
+                    })
+                }
+            },
+            None => Reservations::none(),
+        };
         counters.published();
         let mut matched =
             push_to_streams(&route, &message, counters, &mut admitted, &mut reservations);
-        let sets = route.handler_sets();
+        let mut sets = route.handler_sets();
         drop(route);
         matched += sets.iter().map(|set| set.live()).sum::<usize>();
+        matched += inner.shared.route(&message, &mut sets, counters);
         if let Some(job) = Fanout::new(message, sets, &inner.policy) {
             admitted.accept(job.total());
             let dropped = inner.dispatcher.dispatch(job, &inner.env);
@@ -646,7 +738,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
 
     /// Live subscriptions (handlers and streams).
     pub fn subscriptions_count(&self) -> u64 {
-        self.inner.trie.subscriptions()
+        self.inner.trie.subscriptions() + self.inner.shared.members()
     }
 
     /// Deliveries accepted but not finished: queued, running, or async ones
@@ -658,7 +750,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// A snapshot of the bus's counters.
     pub fn stats(&self) -> Stats {
         let mut stats = self.inner.env.counters.snapshot();
-        stats.subscriptions = self.inner.trie.subscriptions();
+        stats.subscriptions = self.subscriptions_count();
+        stats.retained = self.inner.retained.len() as u64;
         stats
     }
 
@@ -754,6 +847,7 @@ impl<T: Send + Sync + 'static> BusInner<T> {
     /// queued behind their stop tickets. Idempotent.
     fn finish_close(&self) {
         self.trie.close_streams();
+        self.shared.close_streams();
         self.dispatcher.shut_down();
     }
 }
@@ -811,7 +905,10 @@ impl<T: 'static> fmt::Debug for Bus<T> {
         let counters = &self.inner.env.counters;
         f.debug_struct("Bus")
             .field("delivery", &self.inner.config.delivery)
-            .field("subscriptions", &self.inner.trie.subscriptions())
+            .field(
+                "subscriptions",
+                &(self.inner.trie.subscriptions() + self.inner.shared.members()),
+            )
             .field("inflight", &counters.inflight())
             .field("closed", &counters.is_closed())
             .finish()

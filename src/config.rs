@@ -90,6 +90,25 @@ pub enum Overflow {
     Error,
 }
 
+/// How a shared subscription group (`$share/{group}/{filter}`) picks the one
+/// member that receives a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SharePolicy {
+    /// Members in turn, one message each.
+    RoundRobin,
+    /// The member with the fewest deliveries queued or running (a stream
+    /// member's unread messages; a handler member's deliveries picked and not
+    /// yet finished); ties go to the member that joined first. A slow member
+    /// gets fewer messages. The default: it is what a work pool wants.
+    #[default]
+    LeastLoaded,
+    /// By a hash of the topic name: one topic always goes to the same member
+    /// while the membership is unchanged, so per-topic order holds (for
+    /// stream members, and handler members on an `Inline` bus).
+    TopicHash,
+}
+
 /// The configuration of a [`Bus`](crate::Bus).
 ///
 /// Build one with `Config::default()` and struct update syntax, deserialize it
@@ -140,6 +159,23 @@ pub struct Config {
     /// of seconds.
     #[serde(with = "duration_text")]
     pub close_timeout: Duration,
+    /// The most topics that keep a retained message
+    /// ([`Bus::publish_retained`](crate::Bus::publish_retained)). Retaining a
+    /// new topic beyond it evicts the topic retained least recently, counted
+    /// in [`Stats::retained_evicted`](crate::Stats::retained_evicted).
+    /// Default 1,000,000: room for a retained value per device of a large
+    /// fleet, for about 150 MiB of store overhead at most, not counting the values. Must be at least 1.
+    pub max_retained: usize,
+    /// How long a retained message stays retained; `None` (the default) keeps
+    /// it until it is replaced, cleared or evicted. An expired message is
+    /// removed (and counted in
+    /// [`Stats::retained_expired`](crate::Stats::retained_expired)) by the
+    /// next retained operation, and never handed to a subscription.
+    #[serde(with = "option_duration_text")]
+    pub retained_expiry: Option<Duration>,
+    /// How a shared subscription group picks its member. Default
+    /// [`SharePolicy::LeastLoaded`].
+    pub share_policy: SharePolicy,
 }
 
 /// The smallest chunk [`Batch::Chunked`] cuts: below it, handing a chunk to
@@ -159,6 +195,9 @@ impl Default for Config {
             stream_capacity: 1_024,
             route_cache_capacity: 4_096,
             close_timeout: Duration::from_secs(30),
+            max_retained: 1_000_000,
+            retained_expiry: None,
+            share_policy: SharePolicy::default(),
         }
     }
 }
@@ -179,6 +218,7 @@ impl Config {
             ("queue_capacity", self.queue_capacity),
             ("max_inflight_tasks", self.max_inflight_tasks),
             ("stream_capacity", self.stream_capacity),
+            ("max_retained", self.max_retained),
         ];
         for (field, value) in at_least_one {
             if value == 0 {
@@ -196,7 +236,38 @@ impl Config {
                 reason: "must be at most 16,777,216 slots",
             });
         }
+        if self.retained_expiry == Some(Duration::ZERO) {
+            return Err(Error::InvalidConfig {
+                field: "retained_expiry",
+                value: "0s".into(),
+                reason: "must be longer than zero (leave it out to keep retained messages)",
+            });
+        }
         Ok(())
+    }
+}
+
+/// Serde for an optional duration: `null` (or absent) for none, else as
+/// [`duration_text`].
+mod option_duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::duration_text::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    #[derive(Deserialize)]
+    struct Text(#[serde(with = "super::duration_text")] Duration);
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<Text>::deserialize(d)?.map(|Text(d)| d))
     }
 }
 

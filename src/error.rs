@@ -98,6 +98,32 @@ pub enum Error {
         depth: usize,
     },
 
+    /// A request ([`Bus::request`](crate::Bus::request)) matched no
+    /// subscription, so nobody could answer it. Returned at once, not at the
+    /// deadline.
+    #[error("no subscription matches {topic:?}: nobody can answer this request")]
+    NoResponders {
+        /// The topic the request was published to.
+        topic: String,
+    },
+
+    /// A request got no reply before its deadline.
+    #[error("no reply to the request on {topic:?} within {waited:?}")]
+    Timeout {
+        /// The topic the request was published to.
+        topic: String,
+        /// The timeout the request was given.
+        waited: Duration,
+    },
+
+    /// [`Bus::reply`](crate::Bus::reply) was given a message that is not a
+    /// request (it has no reply topic).
+    #[error("the message on {topic:?} is not a request: it has no reply topic")]
+    NotARequest {
+        /// The topic of the message replied to.
+        topic: String,
+    },
+
     /// The operating system refused to start a worker thread.
     #[error("could not start a worker thread: {0}")]
     Spawn(#[source] std::io::Error),

@@ -23,9 +23,24 @@ use std::time::SystemTime;
 #[derive(Debug)]
 pub struct Message<T> {
     topic: Arc<str>,
-    data: T,
+    payload: Payload<T>,
     metadata: Option<Metadata>,
     timestamp: SystemTime,
+    /// The retained store's sequence number of a `publish_retained`, 0 for
+    /// every other message (see `retained.rs`).
+    seq: u64,
+    /// Delivered from the retained store (a snapshot), not live.
+    retained: bool,
+    /// Where a reply goes, on a request (see `request.rs`).
+    reply_to: Option<Arc<str>>,
+}
+
+/// The value a message carries: its own, or (for a retained message handed
+/// to a new subscription) that of the message it was retained from, shared.
+#[derive(Debug)]
+enum Payload<T> {
+    Value(T),
+    Retained(Arc<Message<T>>),
 }
 
 impl<T> Message<T> {
@@ -44,25 +59,89 @@ impl<T> Message<T> {
     pub(crate) fn stamped(topic: Arc<str>, data: T, metadata: Option<Metadata>) -> Self {
         Self {
             topic,
-            data,
+            payload: Payload::Value(data),
             metadata,
             timestamp: SystemTime::now(),
+            seq: 0,
+            retained: false,
+            reply_to: None,
         }
     }
 
-    /// The topic name the message was published to.
+    /// Marks a message as the retained store's number `seq`.
+    pub(crate) fn with_seq(mut self, seq: u64) -> Self {
+        self.seq = seq;
+        self
+    }
+
+    /// Gives a request its reply topic.
+    pub(crate) fn with_reply_to(mut self, reply_to: Arc<str>) -> Self {
+        self.reply_to = Some(reply_to);
+        self
+    }
+
+    /// The retained store's sequence number (0 unless `publish_retained`).
+    #[inline]
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The copy of a retained message handed to a new subscription: it
+    /// shares `origin`'s value and says [`Self::is_retained`].
+    pub(crate) fn retained_copy(origin: &Arc<Message<T>>) -> Self {
+        Self {
+            topic: Arc::clone(&origin.topic),
+            payload: Payload::Retained(Arc::clone(origin)),
+            metadata: None,
+            timestamp: origin.timestamp,
+            seq: 0,
+            retained: true,
+            reply_to: None,
+        }
+    }
+
+    /// The message whose value and metadata this one carries.
+    fn origin(&self) -> &Self {
+        match &self.payload {
+            Payload::Value(_) => self,
+            Payload::Retained(origin) => origin,
+        }
+    }
+
+    /// The topic name the message was published to (for a request published
+    /// to a filter, see [`Bus::request_many`](crate::Bus::request_many),
+    /// that filter).
     pub fn topic(&self) -> &str {
         &self.topic
     }
 
     /// The published value.
     pub fn data(&self) -> &T {
-        &self.data
+        match &self.payload {
+            Payload::Value(data) => data,
+            Payload::Retained(origin) => origin.data(),
+        }
     }
 
     /// The metadata given to `publish_with`, if any.
     pub fn metadata(&self) -> Option<&Metadata> {
-        self.metadata.as_ref()
+        self.origin().metadata.as_ref()
+    }
+
+    /// Whether this message was delivered because it was retained: it is
+    /// the topic's retained message, handed to a subscription made after it
+    /// was published (see [`Bus::publish_retained`](crate::Bus::publish_retained)).
+    /// A retained publish delivered live, to subscriptions that already
+    /// existed, says `false`, as MQTT 5's default "retain as published" off.
+    pub fn is_retained(&self) -> bool {
+        self.retained
+    }
+
+    /// The topic a reply to this message goes to, when it is a request
+    /// ([`Bus::request`](crate::Bus::request)); answer it with
+    /// [`Bus::reply`](crate::Bus::reply).
+    pub fn reply_to(&self) -> Option<&str> {
+        self.origin().reply_to.as_deref()
     }
 
     /// When `publish` was called (wall-clock time).

@@ -59,7 +59,8 @@ pub struct Stats {
     /// [`Bus::inflight_messages`](crate::Bus::inflight_messages)).
     pub inflight: u64,
     /// Live subscriptions (as
-    /// [`Bus::subscriptions_count`](crate::Bus::subscriptions_count)).
+    /// [`Bus::subscriptions_count`](crate::Bus::subscriptions_count)),
+    /// shared-group members included.
     pub subscriptions: u64,
     /// Stream subscriptions closed because a message did not fit
     /// ([`StreamOverflow::Disconnect`](crate::StreamOverflow::Disconnect));
@@ -68,6 +69,19 @@ pub struct Stats {
     /// `Inline` publishes refused because handlers nested publishes too deep
     /// (`Error::RecursionLimit`).
     pub recursion_refused: u64,
+    /// Topics retained now ([`Bus::publish_retained`](crate::Bus::publish_retained)).
+    pub retained: u64,
+    /// Retained messages evicted to keep within
+    /// [`Config::max_retained`](crate::Config::max_retained) (the topic
+    /// retained least recently goes first).
+    pub retained_evicted: u64,
+    /// Retained messages removed because
+    /// [`Config::retained_expiry`](crate::Config::retained_expiry) passed.
+    pub retained_expired: u64,
+    /// Replies that found no request waiting ([`Bus::reply`](crate::Bus::reply)
+    /// to a request that had already ended: answered, timed out or
+    /// cancelled). Dropped, and counted here.
+    pub late_replies: u64,
 }
 
 /// The `work` word: bit 63 is `CLOSED`, bits 40–62 count publish tokens,
@@ -90,6 +104,14 @@ pub(crate) struct Counters {
     /// Live lossless (`Backpressure`) stream subscriptions: while there are
     /// none, a publish skips reserving room.
     lossless_streams: AtomicU64,
+    /// Deliveries a runner counted as delivered that a shared group's member
+    /// turned into something else (a push into another member's mailbox,
+    /// counted when read; or a drop, counted as dropped), or that a primed
+    /// handler counts again when it runs them; subtracted from `delivered`.
+    retracted: AtomicU64,
+    pub(crate) retained_evicted: AtomicU64,
+    pub(crate) retained_expired: AtomicU64,
+    pub(crate) late_replies: AtomicU64,
     /// `CLOSED` | publish tokens | deliveries in flight; see [`CLOSED`].
     work: CachePadded<AtomicU64>,
     drain_lock: Mutex<()>,
@@ -186,6 +208,10 @@ impl Counters {
             disconnects: AtomicU64::new(0),
             recursion_refused: AtomicU64::new(0),
             lossless_streams: AtomicU64::new(0),
+            retracted: AtomicU64::new(0),
+            retained_evicted: AtomicU64::new(0),
+            retained_expired: AtomicU64::new(0),
+            late_replies: AtomicU64::new(0),
             work: CachePadded::new(AtomicU64::new(0)),
             drain_lock: Mutex::new(()),
             drained: Condvar::new(),
@@ -286,6 +312,12 @@ impl Counters {
         self.lossless_streams.load(Ordering::SeqCst) > 0
     }
 
+    /// Takes back `n` deliveries a runner will count (or has counted) as
+    /// delivered; see `retracted`.
+    pub(crate) fn retract_delivered(&self, n: u64) {
+        self.retracted.fetch_add(n, Ordering::Relaxed);
+    }
+
     pub(crate) fn caller_ran(&self) {
         self.caller_runs.fetch_add(1, Ordering::Relaxed);
     }
@@ -298,7 +330,12 @@ impl Counters {
     pub(crate) fn snapshot(&self) -> Stats {
         Stats {
             published: self.published.load(Ordering::Relaxed),
-            delivered: self.delivered.load(Ordering::Relaxed),
+            // Retractions come after (or just before) the count they take
+            // back; never report below zero meanwhile.
+            delivered: self
+                .delivered
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.retracted.load(Ordering::Relaxed)),
             dropped: self.dropped.load(Ordering::Relaxed),
             handler_panics: self.handler_panics.load(Ordering::Relaxed),
             caller_runs: self.caller_runs.load(Ordering::Relaxed),
@@ -307,6 +344,10 @@ impl Counters {
             subscriptions: 0,
             disconnects: self.disconnects.load(Ordering::Relaxed),
             recursion_refused: self.recursion_refused.load(Ordering::Relaxed),
+            retained: 0,
+            retained_evicted: self.retained_evicted.load(Ordering::Relaxed),
+            retained_expired: self.retained_expired.load(Ordering::Relaxed),
+            late_replies: self.late_replies.load(Ordering::Relaxed),
         }
     }
 

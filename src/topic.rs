@@ -99,6 +99,18 @@ pub enum TopicRule {
         /// The level holding the `#`, counted from 1.
         level: usize,
     },
+    /// A shared subscription (`$share/{group}/{filter}`) with an empty share
+    /// name (`$share//a`).
+    ShareNameEmpty,
+    /// A shared subscription whose share name holds a wildcard
+    /// (`$share/g+/a`); MQTT 5 §4.8.2 forbids `+` and `#` there.
+    ShareNameWildcard {
+        /// The wildcard found.
+        wildcard: char,
+    },
+    /// A shared subscription with no filter after its share name
+    /// (`$share/group` or `$share/group/`).
+    ShareFilterMissing,
 }
 
 impl fmt::Display for TopicRule {
@@ -128,6 +140,17 @@ impl fmt::Display for TopicRule {
                 f,
                 "the multi-level wildcard `#` must be the last level, but it is level {level} \
                  and more levels follow"
+            ),
+            TopicRule::ShareNameEmpty => f.write_str(
+                "a shared subscription needs a share name: write `$share/{group}/{filter}`",
+            ),
+            TopicRule::ShareNameWildcard { wildcard } => write!(
+                f,
+                "a share name must not contain the wildcard `{wildcard}` (MQTT 5 section 4.8.2)"
+            ),
+            TopicRule::ShareFilterMissing => f.write_str(
+                "a shared subscription needs a filter after its share name: \
+                 write `$share/{group}/{filter}`",
             ),
         }
     }
@@ -244,6 +267,64 @@ pub fn validate_topic(topic: &str) -> Result<(), TopicError> {
 /// ```
 pub fn validate_filter(filter: &str) -> Result<(), TopicError> {
     check_common(TopicKind::Filter, filter)?;
+    if let Some(rest) = filter.strip_prefix(SHARE_PREFIX) {
+        return validate_shared(filter, rest);
+    }
+    validate_plain_filter(filter)
+}
+
+/// The prefix of a shared subscription's filter (MQTT 5 §4.8.2):
+/// `$share/{group}/{filter}`.
+pub const SHARE_PREFIX: &str = "$share/";
+
+/// A shared subscription's share name and filter, if `filter` starts with
+/// [`SHARE_PREFIX`] (it is not validated here).
+pub(crate) fn split_shared(filter: &str) -> Option<(&str, &str)> {
+    let rest = filter.strip_prefix(SHARE_PREFIX)?;
+    Some(rest.split_once('/').unwrap_or((rest, "")))
+}
+
+/// Checks `$share/{group}/{filter}`: `rest` is what follows the prefix.
+/// Errors quote the whole input; levels and offsets count in it.
+fn validate_shared(whole: &str, rest: &str) -> Result<(), TopicError> {
+    let fail = |rule| Err(TopicError::new(TopicKind::Filter, whole, rule));
+    let Some((group, inner)) = rest.split_once('/') else {
+        return if rest.is_empty() {
+            fail(TopicRule::ShareNameEmpty)
+        } else {
+            fail(TopicRule::ShareFilterMissing)
+        };
+    };
+    if group.is_empty() {
+        return fail(TopicRule::ShareNameEmpty);
+    }
+    if let Some(wildcard) = group.chars().find(|c| matches!(c, '+' | '#')) {
+        return fail(TopicRule::ShareNameWildcard { wildcard });
+    }
+    if inner.is_empty() {
+        return fail(TopicRule::ShareFilterMissing);
+    }
+    let skipped = whole.len() - inner.len();
+    validate_plain_filter(inner).map_err(|error| {
+        let rule = match error.rule {
+            TopicRule::Nul { offset } => TopicRule::Nul {
+                offset: offset + skipped,
+            },
+            TopicRule::WildcardNotWholeLevel { level, wildcard } => {
+                TopicRule::WildcardNotWholeLevel {
+                    level: level + 2,
+                    wildcard,
+                }
+            }
+            TopicRule::HashNotLast { level } => TopicRule::HashNotLast { level: level + 2 },
+            other => other,
+        };
+        TopicError::new(TopicKind::Filter, whole, rule)
+    })
+}
+
+/// [`validate_filter`] for a filter that is not shared.
+fn validate_plain_filter(filter: &str) -> Result<(), TopicError> {
     if let Some(offset) = filter.bytes().position(|b| b == b'\0') {
         return Err(TopicError::new(
             TopicKind::Filter,
@@ -301,6 +382,12 @@ pub fn matches(filter: &str, topic: &str) -> bool {
     if validate_filter(filter).is_err() || validate_topic(topic).is_err() {
         return false;
     }
+    let filter = split_shared(filter).map_or(filter, |(_, inner)| inner);
+    matches_valid(filter, topic)
+}
+
+/// [`matches`] for a valid, non-shared filter and a valid topic name.
+pub(crate) fn matches_valid(filter: &str, topic: &str) -> bool {
     if is_system_topic(topic) && filter.starts_with(['+', '#']) {
         return false;
     }
@@ -317,6 +404,37 @@ pub fn matches(filter: &str, topic: &str) -> bool {
     }
 }
 
+/// Whether two valid, non-shared filters match at least one topic name in
+/// common (a request to a filter reaches the subscriptions it overlaps).
+pub(crate) fn overlaps(a: &str, b: &str) -> bool {
+    let mut a_levels = a.split('/');
+    let mut b_levels = b.split('/');
+    let mut first = true;
+    loop {
+        match (a_levels.next(), b_levels.next()) {
+            (None, None) => return true,
+            // `x/#` matches `x`.
+            (Some("#"), None) | (None, Some("#")) => return true,
+            (None, Some(_)) | (Some(_), None) => return false,
+            (Some(x), Some(y)) => {
+                let x_wild = x == "+" || x == "#";
+                let y_wild = y == "+" || y == "#";
+                if first && ((x_wild && y.starts_with('$')) || (y_wild && x.starts_with('$'))) {
+                    // First-level wildcards never match `$` topics.
+                    return false;
+                }
+                if x == "#" || y == "#" {
+                    return true;
+                }
+                if !(x_wild || y_wild || x == y) {
+                    return false;
+                }
+            }
+        }
+        first = false;
+    }
+}
+
 /// Whether first-level wildcards must skip this topic name (it starts with `$`).
 pub(crate) fn is_system_topic(topic: &str) -> bool {
     topic.starts_with('$')
@@ -325,6 +443,26 @@ pub(crate) fn is_system_topic(topic: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overlapping_filters() {
+        for (a, b, expected) in [
+            ("health/+", "health/billing", true),
+            ("health/+", "health/#", true),
+            ("health/+", "health", false),
+            ("health/#", "health", true),
+            ("#", "$SYS/x", false),
+            ("+/x", "$SYS/x", false),
+            ("$SYS/+", "$SYS/#", true),
+            ("#", "+", true),
+            ("a/+/c", "a/b/+", true),
+            ("a/+/c", "a/b/d", false),
+            ("a/b", "a/b/c", false),
+        ] {
+            assert_eq!(overlaps(a, b), expected, "{a} / {b}");
+            assert_eq!(overlaps(b, a), expected, "{b} / {a}");
+        }
+    }
 
     #[test]
     fn long_inputs_are_quoted_shortened() {

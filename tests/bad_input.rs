@@ -60,6 +60,37 @@ fn topic_cases() -> Vec<TopicCase> {
     vec![
         case("empty filter", "", Filter, Some(Empty)),
         case(
+            "shared: empty share name",
+            "$share//orders/#",
+            Filter,
+            Some(ShareNameEmpty),
+        ),
+        case(
+            "shared: wildcard in the share name",
+            "$share/bill+ing/orders",
+            Filter,
+            Some(ShareNameWildcard { wildcard: '+' }),
+        ),
+        case(
+            "shared: no filter",
+            "$share/billing",
+            Filter,
+            Some(ShareFilterMissing),
+        ),
+        case(
+            "shared: empty filter",
+            "$share/billing/",
+            Filter,
+            Some(ShareFilterMissing),
+        ),
+        case(
+            "shared: invalid filter (levels count in the whole input)",
+            "$share/billing/orders/#/eu",
+            Filter,
+            Some(HashNotLast { level: 4 }),
+        ),
+        case("shared: valid", "$share/billing/orders/+/eu", Filter, None),
+        case(
             "`+` inside a level",
             "sport+",
             Filter,

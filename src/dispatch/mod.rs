@@ -46,6 +46,7 @@
 //! the overflow policy). Runners add up what they did in a [`Tally`] and
 //! publish it to the shared counters once per job, not once per delivery.
 
+mod direct;
 mod fanout;
 mod inline;
 mod ordered;
@@ -63,6 +64,7 @@ use crate::error::Error;
 use crate::registry::quiesce::Quiescence;
 use crate::stats::{Counters, Tally};
 
+pub(crate) use direct::deliver_now;
 pub(crate) use fanout::{Fanout, Runner};
 pub(crate) use inline::{depth as inline_depth, MAX_INLINE_DEPTH};
 pub(crate) use ordered::{DrainOn, Ordered, OrderedHandler};

@@ -34,7 +34,7 @@ use crate::registry::entry::BoxFuture;
 use crate::stats::Tally;
 
 /// Polls a just-started async delivery once. `Some` if it is not finished.
-pub(super) fn first_poll(mut future: BoxFuture, handle: Option<&Handle>) -> Option<BoxFuture> {
+pub(crate) fn first_poll(mut future: BoxFuture, handle: Option<&Handle>) -> Option<BoxFuture> {
     // Inside the runtime's context, so the handler may use tokio's timers and
     // I/O even when this thread is a pool worker.
     let _context = handle.map(Handle::enter);
@@ -49,7 +49,7 @@ pub(super) fn first_poll(mut future: BoxFuture, handle: Option<&Handle>) -> Opti
 
 /// Where a pending delivery surfaced, which decides what `CallerRuns` means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Place {
+pub(crate) enum Place {
     /// A worker thread: may block.
     Worker,
     /// A task runner: may await the future before it finishes.
@@ -60,7 +60,7 @@ pub(super) enum Place {
 
 /// Takes over a pending delivery. Returns it back only when `place` is
 /// [`Place::Task`] and the task runner must await it itself.
-pub(super) fn settle(
+pub(crate) fn settle(
     future: BoxFuture,
     env: &Arc<Env>,
     place: Place,

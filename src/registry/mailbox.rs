@@ -66,11 +66,14 @@ pub(crate) struct Mailbox<T> {
     /// Set by the receiver's drop, before it drains: nobody will take from
     /// this mailbox again. See the module docs.
     reader_gone: AtomicBool,
+    /// Retained publishes numbered this or lower were in the snapshot this
+    /// mailbox was primed with (or older than it): a live copy of one is a
+    /// duplicate and is skipped. 0 for a mailbox not primed.
+    retained_after: u64,
 }
 
 impl<T> Mailbox<T> {
     /// A drop-oldest mailbox of `capacity` messages.
-    #[cfg(all(test, loom))]
     pub(crate) fn new(capacity: usize) -> Self {
         Self::with_overflow(capacity, StreamOverflow::DropOldest)
     }
@@ -96,7 +99,23 @@ impl<T> Mailbox<T> {
             lost: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             reader_gone: AtomicBool::new(false),
+            retained_after: 0,
         }
+    }
+
+    /// A mailbox primed with a retained snapshot taken at retained sequence
+    /// number `after` (see `retained.rs`).
+    pub(crate) fn primed(capacity: usize, overflow: StreamOverflow, after: u64) -> Self {
+        Self {
+            retained_after: after,
+            ..Self::with_overflow(capacity, overflow)
+        }
+    }
+
+    /// Counts `n` messages as lost without pushing them (a snapshot larger
+    /// than the mailbox keeps its newest messages).
+    pub(crate) fn count_lost(&self, n: u64) {
+        self.lost.fetch_add(n, Ordering::Release);
     }
 
     /// Pushes `message` under the mailbox's policy; returns how many
@@ -104,12 +123,20 @@ impl<T> Mailbox<T> {
     /// refused (closed, full under `DropNewest`, `Disconnect` or an
     /// unreserved `Backpressure` push) or pushed out the oldest, plus any it
     /// cleared out of a mailbox whose receiver was dropped meanwhile. Under
-    /// `Backpressure`, pass the permit reserved for this message.
+    /// `Backpressure`, pass the permit reserved for this message. A live copy
+    /// of a retained message already in this mailbox's snapshot is skipped.
     pub(crate) fn push(
         &self,
         message: Arc<Message<T>>,
         reserved: Option<OwnedSemaphorePermit>,
     ) -> Pushed {
+        if message.seq() != 0 && message.seq() <= self.retained_after {
+            // Already delivered, as part of this mailbox's retained snapshot.
+            return Pushed {
+                dropped: 0,
+                disconnected: false,
+            };
+        }
         if self.closed.load(Ordering::Acquire) {
             self.lost.fetch_add(1, Ordering::Release);
             return Pushed {
@@ -218,6 +245,54 @@ impl<T> Mailbox<T> {
         // Pairs with the fence in `push`.
         fence(Ordering::SeqCst);
         self.drain()
+    }
+
+    /// A shared group member's push: as [`Self::push`], except that a
+    /// message that cannot stay (the mailbox is closed, or its member left
+    /// during the push) is put in `back` for another member instead of
+    /// being dropped. Returns how many it dropped (the oldest, pushed out of
+    /// a full mailbox).
+    pub(crate) fn push_or_return(
+        &self,
+        message: Arc<Message<T>>,
+        back: &mut Vec<Arc<Message<T>>>,
+    ) -> u64 {
+        if self.closed.load(Ordering::Acquire) {
+            back.push(message);
+            return 0;
+        }
+        let mut dropped = 0;
+        if self.queue.force_push(message).is_some() {
+            self.lost.fetch_add(1, Ordering::Release);
+            dropped = 1;
+        }
+        // Pairs with the fence in `leaving`: either its drain sees this
+        // push, or this load sees the flag (and whoever pops a message
+        // passes it on).
+        fence(Ordering::SeqCst);
+        if self.reader_gone.load(Ordering::Acquire) {
+            while let Some(message) = self.queue.pop() {
+                back.push(message);
+            }
+            return dropped;
+        }
+        self.waker.wake();
+        dropped
+    }
+
+    /// A shared group's member is leaving (it has been taken out of its
+    /// group's list first): no more pushes stay; what is queued is taken
+    /// with [`Self::take`] and passed on.
+    pub(crate) fn leaving(&self) {
+        self.reader_gone.store(true, Ordering::Release);
+        self.closed.store(true, Ordering::Release);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Takes a queued message without registering a waker (a shared group's
+    /// leaving member handing its queue over).
+    pub(crate) fn take(&self) -> Option<Arc<Message<T>>> {
+        self.queue.pop()
     }
 
     /// Pops everything queued; returns how many.

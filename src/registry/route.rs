@@ -41,6 +41,19 @@ pub(crate) struct Route<T> {
 }
 
 impl<T> Route<T> {
+    /// A route that is not cached (a request published to a filter).
+    pub(crate) fn uncached(trie: &Trie<T>, topic: &str) -> Self
+    where
+        T: 'static,
+    {
+        let matched = trie.overlapping(topic);
+        Route {
+            generation: matched.generation,
+            topic: Arc::from(topic),
+            nodes: matched.nodes.into_boxed_slice(),
+        }
+    }
+
     /// The current handler sets of the route's nodes (empty ones left out).
     #[inline]
     pub(crate) fn handler_sets(&self) -> HandlerSets<T> {

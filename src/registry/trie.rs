@@ -67,7 +67,7 @@ pub(crate) struct Released<T> {
 }
 
 impl<T> Released<T> {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             roots: SmallVec::new(),
             nodes: SmallVec::new(),
@@ -280,6 +280,20 @@ impl<T: 'static> Trie<T> {
         matched
     }
 
+    /// Every node whose filter overlaps `filter` (a valid, non-shared
+    /// filter): shares at least one topic name with it. For requests
+    /// published to a filter (`request.rs`).
+    pub(crate) fn overlapping(&self, filter: &str) -> Matched<T> {
+        let generation = self.generation();
+        let mut matched = Matched {
+            generation,
+            nodes: Vec::new(),
+        };
+        let root = self.root.load_full();
+        collect_overlapping(&root, filter, &mut matched);
+        matched
+    }
+
     fn lock(&self) -> MutexGuard<'_, Writer<T>> {
         self.writer.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -298,6 +312,19 @@ impl<T: 'static> Trie<T> {
         let result = self.insert_locked::<K>(&mut self.lock(), filter, &mut make, &mut released);
         drop(released);
         result
+    }
+
+    /// [`Self::insert`], leaving what the insert replaced in `released`, and
+    /// the entry-maker in `make` if the bus is closed, for the caller to
+    /// drop once it holds no lock of its own either (the retained store
+    /// subscribes under its lock; see `retained.rs`).
+    pub(crate) fn insert_keeping<K: SetKind<T>>(
+        &self,
+        filter: &str,
+        make: &mut Option<impl FnOnce(Arc<str>) -> Arc<Subscriber<T, K::Sink>>>,
+        released: &mut Released<T>,
+    ) -> Result<(), InsertError> {
+        self.insert_locked::<K>(&mut self.lock(), filter, make, released)
     }
 
     fn insert_locked<K: SetKind<T>>(
@@ -556,6 +583,65 @@ fn collect<T>(root: &Node<T>, topic: &str, out: &mut Matched<T>) {
                     }
                 }
                 // Topic names hold no wildcards, so this never aliases `+` or `#`.
+                if let Some(child) = node.child(level) {
+                    stack.push((child, levels, false));
+                }
+            }
+        }
+    }
+}
+
+/// Adds every node whose filter overlaps `filter` to `out` (see
+/// `topic::overlaps`, which this walk agrees with). Iterative.
+fn collect_overlapping<T>(root: &Node<T>, filter: &str, out: &mut Matched<T>) {
+    let mut stack = vec![(root, filter.split('/'), true)];
+    let mut subtree: Vec<(&Node<T>, bool)> = Vec::new();
+    while let Some((node, mut levels, first_level)) = stack.pop() {
+        match levels.next() {
+            None => {
+                add_node(node, out);
+                if let Some(hash) = node.child("#") {
+                    add_node(hash, out);
+                }
+            }
+            Some("#") => {
+                // `x/#` matches `x`; everything below overlaps, except `$`
+                // filters under a first-level `#`.
+                if !first_level {
+                    add_node(node, out);
+                }
+                subtree.push((node, first_level));
+                while let Some((at, at_root)) = subtree.pop() {
+                    for (level, child) in at.children.iter() {
+                        if at_root && level.starts_with('$') {
+                            continue;
+                        }
+                        add_node(child, out);
+                        subtree.push((child, false));
+                    }
+                }
+            }
+            Some("+") => {
+                for (level, child) in node.children.iter() {
+                    if first_level && level.starts_with('$') {
+                        continue;
+                    }
+                    if &**level == "#" {
+                        add_node(child, out);
+                    } else {
+                        stack.push((child, levels.clone(), false));
+                    }
+                }
+            }
+            Some(level) => {
+                if !(first_level && level.starts_with('$')) {
+                    if let Some(hash) = node.child("#") {
+                        add_node(hash, out);
+                    }
+                    if let Some(plus) = node.child("+") {
+                        stack.push((plus, levels.clone(), false));
+                    }
+                }
                 if let Some(child) = node.child(level) {
                     stack.push((child, levels, false));
                 }

@@ -1,0 +1,421 @@
+//! Request/reply: a request is a publish that carries a reply topic, and a
+//! reply is a publish to it (MQTT 5 §4.10's response topic; NATS's inbox).
+//!
+//! # Contract
+//! - [`Bus::request`] subscribes a stream to a fresh reply topic,
+//!   `$reply/{bus}/{n}` (a `$` topic, so `#` and `+/...` subscribers never
+//!   see replies; unique to the request), publishes the request with
+//!   [`Message::reply_to`] set to it, and waits for the first reply.
+//!   [`Bus::request_many`] waits for up to `max` replies.
+//! - **Nobody to answer**: if the request matched no subscription, it fails
+//!   at once with [`Error::NoResponders`], without waiting for the deadline.
+//! - **Deadline**: with no reply by `timeout`, [`Error::Timeout`]
+//!   (`request_many` returns the replies it has, if any). The deadline is
+//!   kept by the bus's own timer thread (started on the first request), so a
+//!   request needs no tokio timer and works on any executor.
+//! - **The reply subscription is gone when the request ends**, however it
+//!   ends: answered, timed out, failed, or its future dropped (cancelling a
+//!   request is safe and leaves nothing subscribed). A reply that comes
+//!   later matches nothing; [`Bus::reply`] counts it in
+//!   [`Stats::late_replies`](crate::Stats::late_replies). Replies beyond
+//!   what a request takes (a second reply to `request`) are dropped with its
+//!   mailbox and counted in `Stats::dropped`.
+//! - A request to a shared subscription (`$share/{group}/{filter}`) reaches
+//!   one member: a load-balanced service.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap;
+
+use crate::bus::Bus;
+use crate::error::Error;
+use crate::handles::Receiver;
+use crate::message::Message;
+use crate::registry::route::Route;
+use crate::stream_options::StreamOverflow;
+use crate::sync::{AtomicBool, AtomicU64, Ordering, WakerSlot};
+use crate::topic::{split_shared, validate_filter, validate_topic};
+
+/// Distinguishes the reply topics of buses in one process.
+static BUSES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A bus's requests: reply-topic numbering and the deadline timer.
+pub(crate) struct Requests {
+    bus: u64,
+    next: AtomicU64,
+    timer: OnceLock<Result<Timer, String>>,
+}
+
+impl Requests {
+    pub(crate) fn new() -> Self {
+        Self {
+            bus: BUSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            next: AtomicU64::new(1),
+            timer: OnceLock::new(),
+        }
+    }
+
+    fn reply_topic(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("$reply/{}/{n}", self.bus)
+    }
+
+    fn timer(&self) -> Result<&Timer, Error> {
+        self.timer
+            .get_or_init(|| Timer::start().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| Error::Spawn(std::io::Error::other(e.clone())))
+    }
+}
+
+/// One request's deadline: set when it passes, waking the request.
+struct Deadline {
+    passed: AtomicBool,
+    waker: WakerSlot,
+}
+
+/// Deadlines in time order, kept by one thread.
+struct Timer {
+    shared: Arc<TimerShared>,
+}
+
+struct TimerShared {
+    state: Mutex<TimerState>,
+    changed: Condvar,
+}
+
+struct TimerState {
+    /// (when, id); an id no longer in `armed` was disarmed.
+    heap: BinaryHeap<Reverse<(Instant, u64)>>,
+    armed: FxHashMap<u64, Arc<Deadline>>,
+    next_id: u64,
+    stop: bool,
+}
+
+impl Timer {
+    fn start() -> std::io::Result<Self> {
+        let shared = Arc::new(TimerShared {
+            state: Mutex::new(TimerState {
+                heap: BinaryHeap::new(),
+                armed: FxHashMap::default(),
+                next_id: 0,
+                stop: false,
+            }),
+            changed: Condvar::new(),
+        });
+        let keeper = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("blazesub-deadlines".into())
+            .spawn(move || keeper.run())?;
+        Ok(Self { shared })
+    }
+
+    /// Arms a deadline `timeout` from now; disarmed when the guard drops.
+    fn arm(&self, timeout: Duration) -> Armed<'_> {
+        let deadline = Arc::new(Deadline {
+            passed: AtomicBool::new(false),
+            waker: WakerSlot::new(),
+        });
+        let at = Instant::now().checked_add(timeout);
+        let mut state = self.shared.lock();
+        let id = state.next_id;
+        state.next_id += 1;
+        if let Some(at) = at {
+            let earliest = state.heap.peek().map(|Reverse((when, _))| *when);
+            state.heap.push(Reverse((at, id)));
+            state.armed.insert(id, Arc::clone(&deadline));
+            if earliest.is_none_or(|earliest| at < earliest) {
+                self.shared.changed.notify_one();
+            }
+        }
+        Armed {
+            timer: self,
+            id,
+            deadline,
+        }
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.changed.notify_one();
+    }
+}
+
+impl TimerShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TimerState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn run(&self) {
+        let mut state = self.lock();
+        let mut due = Vec::new();
+        loop {
+            if state.stop {
+                return;
+            }
+            let now = Instant::now();
+            while let Some(&Reverse((when, id))) = state.heap.peek() {
+                if when > now {
+                    break;
+                }
+                state.heap.pop();
+                if let Some(deadline) = state.armed.remove(&id) {
+                    due.push(deadline);
+                }
+            }
+            // Disarmed entries linger in the heap; rebuild it when they are
+            // most of it, so it stays proportional to the armed ones.
+            if state.heap.len() > 64 && state.heap.len() > 2 * state.armed.len() {
+                let TimerState { heap, armed, .. } = &mut *state;
+                let kept: Vec<_> = heap
+                    .drain()
+                    .filter(|Reverse((_, id))| armed.contains_key(id))
+                    .collect();
+                *heap = kept.into();
+            }
+            let next = state.heap.peek().map(|Reverse((when, _))| *when);
+            if !due.is_empty() {
+                drop(state);
+                for deadline in due.drain(..) {
+                    deadline.passed.store(true, Ordering::Release);
+                    deadline.waker.wake();
+                }
+                state = self.lock();
+                continue;
+            }
+            state = match next {
+                Some(when) => {
+                    let wait = when.saturating_duration_since(now);
+                    self.changed
+                        .wait_timeout(state, wait)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => self.changed.wait(state).unwrap_or_else(|e| e.into_inner()),
+            };
+        }
+    }
+}
+
+/// An armed deadline; dropping it disarms it.
+struct Armed<'a> {
+    timer: &'a Timer,
+    id: u64,
+    deadline: Arc<Deadline>,
+}
+
+impl Drop for Armed<'_> {
+    fn drop(&mut self) {
+        let removed = self.timer.shared.lock().armed.remove(&self.id);
+        drop(removed);
+    }
+}
+
+impl<T: Send + Sync + 'static> Bus<T> {
+    /// Publishes `data` to `topic` as a request and waits for the first
+    /// reply, at most `timeout`.
+    ///
+    /// A responder answers with [`Bus::reply`]. Errors:
+    /// [`Error::NoResponders`] at once if no subscription matched,
+    /// [`Error::Timeout`] at the deadline, [`Error::Closed`] if the bus is
+    /// (or gets) closed first, and those of [`Bus::publish`].
+    ///
+    /// Cancel-safe: dropping the future ends the request (its reply
+    /// subscription is removed; a reply that comes later is counted in
+    /// [`Stats::late_replies`](crate::Stats::late_replies)).
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
+    /// use blazesub::{Bus, Error};
+    /// use std::time::Duration;
+    ///
+    /// let bus = Bus::<f64>::builder().build()?;
+    /// let responder = bus.clone();
+    /// let _service = bus.subscribe("rpc/price/+", move |m| {
+    ///     let eur = *m.data() * 0.92;
+    ///     responder.reply(m, eur).unwrap();
+    /// })?;
+    ///
+    /// let answer = bus.request("rpc/price/eur", 100.0, Duration::from_secs(1)).await?;
+    /// assert_eq!(*answer.data(), 92.0);
+    ///
+    /// // Nobody answers this: an error at once, not after the timeout.
+    /// let nobody = bus.request("rpc/weather", 0.0, Duration::from_secs(60)).await;
+    /// assert!(matches!(nobody, Err(Error::NoResponders { .. })));
+    /// # Ok(()) }
+    /// ```
+    pub async fn request(
+        &self,
+        topic: &str,
+        data: T,
+        timeout: Duration,
+    ) -> Result<Arc<Message<T>>, Error> {
+        let mut replies = self.await_replies(topic, data, timeout, 1).await?;
+        replies.pop().ok_or_else(|| Error::Timeout {
+            topic: topic.to_owned(),
+            waited: timeout,
+        })
+    }
+
+    /// Publishes `data` to `topic` as a request and collects up to `max`
+    /// replies, waiting at most `timeout`: returns as soon as `max` have
+    /// come, or at the deadline with those that came (at least one).
+    ///
+    /// `topic` may also be a filter (`health/+`): the request then reaches
+    /// every subscription whose filter shares a topic with it (`health/db`,
+    /// `health/#`, `+/db`), a scatter-gather; its messages' topic is the
+    /// filter. ([`Bus::request`] accepts a filter the same way.)
+    ///
+    /// Errors: as [`Bus::request`] ([`Error::Timeout`] when not one reply
+    /// came), and [`Error::InvalidArgument`] for a `max` of 0.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
+    /// use blazesub::Bus;
+    /// use std::time::Duration;
+    ///
+    /// let bus = Bus::<String>::builder().build()?;
+    /// let mut services = Vec::new();
+    /// for name in ["billing", "orders", "search"] {
+    ///     let responder = bus.clone();
+    ///     services.push(bus.subscribe(&format!("health/{name}"), move |m| {
+    ///         responder.reply(m, format!("{name}: ok")).unwrap();
+    ///     })?);
+    /// }
+    ///
+    /// let answers = bus.request_many("health/+", "ping".into(), Duration::from_millis(200), 10).await?;
+    /// assert_eq!(answers.len(), 3); // all there were, at the deadline
+    /// # Ok(()) }
+    /// ```
+    pub async fn request_many(
+        &self,
+        topic: &str,
+        data: T,
+        timeout: Duration,
+        max: usize,
+    ) -> Result<Vec<Arc<Message<T>>>, Error> {
+        if max == 0 {
+            return Err(Error::InvalidArgument {
+                name: "max",
+                value: max.to_string(),
+                reason: "must be at least 1",
+            });
+        }
+        self.await_replies(topic, data, timeout, max).await
+    }
+
+    /// Answers `request` with `data`: publishes it to the request's reply
+    /// topic. Returns how many subscriptions it reached: 1 while the request
+    /// waits, 0 once it has ended (the reply is then dropped and counted in
+    /// [`Stats::late_replies`](crate::Stats::late_replies)).
+    ///
+    /// Errors: [`Error::NotARequest`] if `request` has no reply topic, and
+    /// those of [`Bus::publish`].
+    pub fn reply(&self, request: &Message<T>, data: T) -> Result<usize, Error> {
+        let Some(to) = request.reply_to() else {
+            return Err(Error::NotARequest {
+                topic: request.topic().to_owned(),
+            });
+        };
+        let matched = self.publish(to, data)?;
+        if matched == 0 {
+            self.inner
+                .env
+                .counters
+                .late_replies
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(matched)
+    }
+
+    /// Subscribes the reply stream and publishes the request. The receiver
+    /// is the request's reply subscription: dropping it ends the request.
+    fn send_request(&self, topic: &str, data: T, max: usize) -> Result<Receiver<T>, Error> {
+        let to_filter = match validate_topic(topic) {
+            Ok(()) => false,
+            Err(error) => {
+                // Not a topic name: a filter (not shared) is a scatter-gather.
+                if validate_filter(topic).is_err() || split_shared(topic).is_some() {
+                    return Err(error.into());
+                }
+                true
+            }
+        };
+        self.check_open()?;
+        let inner = &*self.inner;
+        let reply_to: Arc<str> = Arc::from(inner.requests.reply_topic());
+        let replies = self.insert_stream(
+            &reply_to,
+            self.next_id(),
+            max,
+            StreamOverflow::DropOldest,
+            false,
+        )?;
+        let admitted = inner.env.counters.begin_publish()?;
+        let route = if to_filter {
+            Arc::new(Route::uncached(&inner.trie, topic))
+        } else {
+            inner.routes.route(&inner.trie, topic)
+        };
+        let message =
+            Message::stamped(Arc::clone(&route.topic), data, None).with_reply_to(reply_to);
+        let matched = self
+            .fan_out(admitted, topic, route, Arc::new(message), None)
+            .map_err(|rejected| rejected.error)?;
+        if matched == 0 {
+            return Err(Error::NoResponders {
+                topic: topic.to_owned(),
+            });
+        }
+        Ok(replies)
+    }
+
+    async fn await_replies(
+        &self,
+        topic: &str,
+        data: T,
+        timeout: Duration,
+        max: usize,
+    ) -> Result<Vec<Arc<Message<T>>>, Error> {
+        let timer = self.inner.requests.timer()?;
+        let mut replies = self.send_request(topic, data, max)?;
+        let armed = timer.arm(timeout);
+        let mut got = Vec::new();
+        let outcome = std::future::poll_fn(|cx| {
+            loop {
+                match replies.poll_recv(cx) {
+                    Poll::Ready(Some(reply)) => {
+                        got.push(reply);
+                        if got.len() >= max {
+                            return Poll::Ready(Ok(()));
+                        }
+                    }
+                    Poll::Ready(None) => return Poll::Ready(Err(Error::Closed)),
+                    Poll::Pending => break,
+                }
+            }
+            armed.deadline.waker.register(cx.waker());
+            if armed.deadline.passed.load(Ordering::Acquire) {
+                return Poll::Ready(Err(Error::Timeout {
+                    topic: topic.to_owned(),
+                    waited: timeout,
+                }));
+            }
+            Poll::Pending
+        })
+        .await;
+        drop(armed);
+        drop(replies);
+        match outcome {
+            Ok(()) => Ok(got),
+            Err(_) if !got.is_empty() => Ok(got),
+            Err(error) => Err(error),
+        }
+    }
+}

@@ -1,0 +1,724 @@
+//! Retained messages: the last message of a topic, handed to every new
+//! matching subscription before anything live (MQTT 5 §3.3.1.3).
+//!
+//! # Contract
+//! - **One message per topic name.** [`Bus::publish_retained`] publishes as
+//!   [`Bus::publish`] does and makes the message its topic's retained one;
+//!   [`Bus::clear_retained`] forgets it; [`Bus::retained`] reads the retained
+//!   messages a filter matches.
+//! - **A new subscription** (handler or stream; not a shared one) receives the
+//!   retained messages its filter matches first, oldest retained first, each
+//!   marked [`Message::is_retained`]; then, **per topic, no gap and no
+//!   duplicate**: every retained publish to that topic that was not in its
+//!   snapshot, exactly once, never one older than the snapshot's, even with
+//!   publishers racing the subscribe.
+//! - **Bounded**: at most `Config::max_retained` topics; retaining one more
+//!   evicts the topic retained least recently ([`Stats::retained_evicted`]).
+//!   With `Config::retained_expiry`, a message older than that is removed by
+//!   the next retained operation ([`Stats::retained_expired`]) and never
+//!   handed out.
+//! - **Cost**: the store is a trie of topic levels, walked with the filter,
+//!   so a subscribe costs what its filter reaches (all of the store for `#`,
+//!   one path for a filter without wildcards), not what is stored.
+//!
+//! # How the snapshot meets the live messages
+//! The store has one lock, `R`. A retained publish takes it to number its
+//! message (a sequence `s` shared by all topics) and store it, and only then,
+//! outside `R`, looks up who to deliver it to. A subscribe takes `R`, reads
+//! its snapshot and the current number `G`, and inserts its subscription into
+//! the subscription trie *while still holding `R`* (lock order: `R`, then
+//! the trie's writer lock; nothing takes them the other way round). So a
+//! retained publish numbered after `G` was stored after the subscription was
+//! visible, and its lookup finds it: no gap. One numbered `G` or lower was
+//! stored before the snapshot: it is in the snapshot, or older than the
+//! topic's message there, or was cleared; its lookup may or may not find the
+//! new subscription, so the subscription skips any live message numbered `G`
+//! or lower (the mailbox checks it on push; a handler's sink before calling
+//! the handler; a skipped handler delivery counts as delivered, since it
+//! was, in the snapshot): no duplicate, nothing older.
+//!
+//! A stream's mailbox holds its snapshot before the subscription is
+//! visible, so it comes first; a snapshot larger than the mailbox keeps its
+//! newest messages and counts the others as lost. A handler's snapshot is
+//! delivered on the subscribing thread, after `R` is released and before
+//! `subscribe` returns; live messages that arrive meanwhile wait in a
+//! backlog (up to `Config::stream_capacity`; beyond it they are delivered at
+//! once, still exactly once) and are delivered after it, in arrival order.
+//!
+//! What the store replaces, evicts or lets expire, and what the trie insert
+//! replaces, is dropped after `R` is released: a message's value is user
+//! data whose `Drop` may do anything.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap;
+
+use crate::bus::Bus;
+use crate::config::Config;
+use crate::dispatch::deliver_now;
+use crate::error::{Error, Rejected};
+use crate::handles::{Receiver, Subscription};
+use crate::message::{Message, Metadata};
+use crate::registry::entry::{BoxFuture, EntryControl, HandlerEntry, Sink, Subscriber, Tracked};
+use crate::registry::mailbox::Mailbox;
+use crate::registry::quiesce::Running;
+use crate::registry::trie::{Handlers, InsertError, Released, Streams};
+use crate::registry::Kind;
+use crate::stats::Counters;
+use crate::stream_options::StreamOverflow;
+use crate::sync::{AtomicBool, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::topic::{is_system_topic, split_shared, validate_filter, validate_topic};
+
+/// A node of the store's trie, in an arena: no recursion to drop it, and a
+/// prune walks up by index.
+struct Node<T> {
+    parent: u32,
+    level: Box<str>,
+    children: Children,
+    slot: Option<Slot<T>>,
+}
+
+/// A retained message and when it expires.
+struct Slot<T> {
+    message: Arc<Message<T>>,
+    expires: Option<Instant>,
+}
+
+/// A node's children: a short list while few (most nodes have one or two),
+/// a hash map beyond.
+enum Children {
+    Few(Vec<(Box<str>, u32)>),
+    Many(FxHashMap<Box<str>, u32>),
+}
+
+const FEW: usize = 8;
+
+impl Children {
+    fn get(&self, level: &str) -> Option<u32> {
+        match self {
+            Children::Few(list) => list.iter().find(|(l, _)| &**l == level).map(|&(_, i)| i),
+            Children::Many(map) => map.get(level).copied(),
+        }
+    }
+
+    fn insert(&mut self, level: &str, index: u32) {
+        match self {
+            Children::Few(list) if list.len() < FEW => list.push((level.into(), index)),
+            Children::Few(list) => {
+                let mut map: FxHashMap<Box<str>, u32> = std::mem::take(list).into_iter().collect();
+                map.insert(level.into(), index);
+                *self = Children::Many(map);
+            }
+            Children::Many(map) => {
+                map.insert(level.into(), index);
+            }
+        }
+    }
+
+    fn remove(&mut self, level: &str) {
+        match self {
+            Children::Few(list) => list.retain(|(l, _)| &**l != level),
+            Children::Many(map) => {
+                map.remove(level);
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Children::Few(list) => list.is_empty(),
+            Children::Many(map) => map.is_empty(),
+        }
+    }
+
+    fn for_each(&self, mut f: impl FnMut(&str, u32)) {
+        match self {
+            Children::Few(list) => list.iter().for_each(|(l, i)| f(l, *i)),
+            Children::Many(map) => map.iter().for_each(|(l, i)| f(l, *i)),
+        }
+    }
+}
+
+/// What the store's lock guards.
+struct Store<T> {
+    /// Index 0 is the root (no level, never a topic).
+    nodes: Vec<Node<T>>,
+    free: Vec<u32>,
+    /// Retained topics by the number of their message: oldest first, which
+    /// is both the eviction order and (one expiry for all) the expiry order.
+    by_seq: BTreeMap<u64, u32>,
+    /// The number of the last retained publish.
+    seq: u64,
+}
+
+/// The bus's retained messages.
+pub(crate) struct RetainedStore<T> {
+    store: Mutex<Store<T>>,
+    /// Topics retained, for `Stats` (written under the lock).
+    len: AtomicUsize,
+    max: usize,
+    expiry: Option<Duration>,
+}
+
+/// Retained messages a locked operation let go of, dropped after unlocking.
+type Garbage<T> = Vec<Arc<Message<T>>>;
+
+/// A subscription's snapshot: the matching retained messages, oldest first,
+/// and the number `G` it was taken at.
+struct Snapshot<T> {
+    messages: Vec<Arc<Message<T>>>,
+    after: u64,
+}
+
+impl<T> RetainedStore<T> {
+    pub(crate) fn new(config: &Config) -> Self {
+        Self {
+            store: Mutex::new(Store {
+                nodes: vec![Node {
+                    parent: 0,
+                    level: "".into(),
+                    children: Children::Few(Vec::new()),
+                    slot: None,
+                }],
+                free: Vec::new(),
+                by_seq: BTreeMap::new(),
+                seq: 0,
+            }),
+            len: AtomicUsize::new(0),
+            max: config.max_retained,
+            expiry: config.retained_expiry,
+        }
+    }
+
+    /// Topics retained now.
+    pub(crate) fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Store<T>> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Locks the store and removes what has expired.
+    fn lock_fresh(
+        &self,
+        garbage: &mut Garbage<T>,
+        counters: &Counters,
+    ) -> MutexGuard<'_, Store<T>> {
+        let mut store = self.lock();
+        if self.expiry.is_some() {
+            let now = crate::sync::now();
+            let mut expired = 0;
+            while let Some((&seq, &node)) = store.by_seq.first_key_value() {
+                let due = store.nodes[node as usize]
+                    .slot
+                    .as_ref()
+                    .and_then(|slot| slot.expires)
+                    .is_some_and(|at| at <= now);
+                if !due {
+                    break;
+                }
+                store.by_seq.remove(&seq);
+                if let Some(slot) = store.take_slot(node) {
+                    garbage.push(slot.message);
+                }
+                expired += 1;
+            }
+            if expired > 0 {
+                counters
+                    .retained_expired
+                    .fetch_add(expired, Ordering::Relaxed);
+                self.len.store(store.by_seq.len(), Ordering::Relaxed);
+            }
+        }
+        store
+    }
+
+    /// Retains the message `make` builds from its number, replacing the
+    /// topic's message or evicting the oldest topic if the store is full.
+    fn retain(
+        &self,
+        topic: &str,
+        make: impl FnOnce(u64) -> Arc<Message<T>>,
+        garbage: &mut Garbage<T>,
+        counters: &Counters,
+    ) -> Arc<Message<T>> {
+        let expires = self.expiry.map(|expiry| crate::sync::now() + expiry);
+        let mut store = self.lock_fresh(garbage, counters);
+        store.seq += 1;
+        let seq = store.seq;
+        let message = make(seq);
+        let node = store.node_for(topic);
+        let old = store.nodes[node as usize].slot.take();
+        match old {
+            Some(old) => {
+                store.by_seq.remove(&old.message.seq());
+                garbage.push(old.message);
+            }
+            None => {
+                if store.by_seq.len() >= self.max {
+                    if let Some((_, evicted)) = store.by_seq.pop_first() {
+                        if let Some(slot) = store.take_slot(evicted) {
+                            garbage.push(slot.message);
+                        }
+                        counters.retained_evicted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        // Eviction may have pruned nodes; find (or remake) the topic's node.
+        let node = store.node_for(topic);
+        store.nodes[node as usize].slot = Some(Slot {
+            message: Arc::clone(&message),
+            expires,
+        });
+        store.by_seq.insert(seq, node);
+        self.len.store(store.by_seq.len(), Ordering::Relaxed);
+        message
+    }
+
+    /// Forgets `topic`'s retained message; returns it.
+    fn clear(
+        &self,
+        topic: &str,
+        garbage: &mut Garbage<T>,
+        counters: &Counters,
+    ) -> Option<Arc<Message<T>>> {
+        let mut store = self.lock_fresh(garbage, counters);
+        let node = store.find(topic)?;
+        let seq = store.nodes[node as usize].slot.as_ref()?.message.seq();
+        store.by_seq.remove(&seq);
+        let slot = store.take_slot(node)?;
+        self.len.store(store.by_seq.len(), Ordering::Relaxed);
+        Some(slot.message)
+    }
+}
+
+impl<T> Store<T> {
+    /// The node of `topic`, made if missing.
+    fn node_for(&mut self, topic: &str) -> u32 {
+        let mut node = 0u32;
+        for level in topic.split('/') {
+            node = match self.nodes[node as usize].children.get(level) {
+                Some(child) => child,
+                None => {
+                    let child = self.alloc(node, level);
+                    self.nodes[node as usize].children.insert(level, child);
+                    child
+                }
+            };
+        }
+        node
+    }
+
+    fn find(&self, topic: &str) -> Option<u32> {
+        let mut node = 0u32;
+        for level in topic.split('/') {
+            node = self.nodes[node as usize].children.get(level)?;
+        }
+        Some(node)
+    }
+
+    fn alloc(&mut self, parent: u32, level: &str) -> u32 {
+        let node = Node {
+            parent,
+            level: level.into(),
+            children: Children::Few(Vec::new()),
+            slot: None,
+        };
+        match self.free.pop() {
+            Some(index) => {
+                self.nodes[index as usize] = node;
+                index
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Takes `node`'s slot and prunes the nodes left empty above it (the
+    /// caller has removed it from `by_seq`).
+    fn take_slot(&mut self, node: u32) -> Option<Slot<T>> {
+        let slot = self.nodes[node as usize].slot.take();
+        let mut at = node;
+        while at != 0 {
+            let n = &self.nodes[at as usize];
+            if n.slot.is_some() || !n.children.is_empty() {
+                break;
+            }
+            let parent = n.parent;
+            let level = std::mem::take(&mut self.nodes[at as usize].level);
+            self.nodes[parent as usize].children.remove(&level);
+            self.free.push(at);
+            at = parent;
+        }
+        slot
+    }
+
+    /// The retained messages `filter` (a valid, non-shared filter) matches,
+    /// oldest first.
+    fn matching(&self, filter: &str) -> Vec<Arc<Message<T>>> {
+        let levels: Vec<&str> = filter.split('/').collect();
+        let mut found: Vec<(u64, Arc<Message<T>>)> = Vec::new();
+        let mut add = |slot: &Option<Slot<T>>| {
+            if let Some(slot) = slot {
+                found.push((slot.message.seq(), Arc::clone(&slot.message)));
+            }
+        };
+        // (node, index of the filter level it must match next)
+        let mut stack = vec![(0u32, 0usize)];
+        let mut subtree = Vec::new();
+        while let Some((node, depth)) = stack.pop() {
+            let n = &self.nodes[node as usize];
+            match levels.get(depth) {
+                None => add(&n.slot),
+                Some(&"#") => {
+                    // `a/#` matches `a` too (the root is never a topic).
+                    if depth > 0 {
+                        add(&n.slot);
+                    }
+                    n.children.for_each(|level, child| {
+                        if !(depth == 0 && is_system_topic(level)) {
+                            subtree.push(child);
+                        }
+                    });
+                    while let Some(inside) = subtree.pop() {
+                        let n = &self.nodes[inside as usize];
+                        add(&n.slot);
+                        n.children.for_each(|_, child| subtree.push(child));
+                    }
+                }
+                Some(&"+") => n.children.for_each(|level, child| {
+                    if !(depth == 0 && is_system_topic(level)) {
+                        stack.push((child, depth + 1));
+                    }
+                }),
+                Some(level) => {
+                    if let Some(child) = n.children.get(level) {
+                        stack.push((child, depth + 1));
+                    }
+                }
+            }
+        }
+        found.sort_unstable_by_key(|&(seq, _)| seq);
+        found.into_iter().map(|(_, message)| message).collect()
+    }
+}
+
+/// A handler subscription primed with a retained snapshot: it skips live
+/// duplicates of the snapshot, and holds live messages back until the
+/// snapshot has been delivered (see the module docs).
+pub(crate) struct Primed<T, S> {
+    inner: S,
+    after: u64,
+    ready: AtomicBool,
+    backlog: Mutex<VecDeque<Arc<Message<T>>>>,
+    capacity: usize,
+}
+
+impl<T, S> Primed<T, S> {
+    fn backlog(&self) -> MutexGuard<'_, VecDeque<Arc<Message<T>>>> {
+        self.backlog.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<T: Send + Sync, S: Sink<T>> Sink<T> for Primed<T, S> {
+    fn deliver(&self, message: &Arc<Message<T>>) -> Option<BoxFuture> {
+        if message.seq() != 0 && message.seq() <= self.after {
+            // A duplicate of (or older than) what the snapshot delivered.
+            return None;
+        }
+        if !self.ready.load(Ordering::Acquire) {
+            let mut backlog = self.backlog();
+            if !self.ready.load(Ordering::Relaxed) && backlog.len() < self.capacity {
+                backlog.push_back(Arc::clone(message));
+                return None;
+            }
+        }
+        self.inner.deliver(message)
+    }
+}
+
+impl<T, S: Tracked> Tracked for Primed<T, S> {
+    fn running(&self) -> Option<Arc<Running>> {
+        self.inner.running()
+    }
+}
+
+impl<T: Send + Sync + 'static> Bus<T> {
+    /// Publishes `data` to `topic`, as [`Bus::publish`] does, and makes it
+    /// the topic's retained message: every subscription made later whose
+    /// filter matches receives it first (see [`Message::is_retained`]),
+    /// until another retained publish replaces it or it is cleared,
+    /// evicted (`Config::max_retained`) or expires (`Config::retained_expiry`).
+    ///
+    /// Returns the subscriptions the live publish matched.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
+    /// use blazesub::Bus;
+    ///
+    /// let bus = Bus::<String>::builder().build()?;
+    /// bus.publish_retained("config/db", "postgres://db-1".to_string())?;
+    ///
+    /// // A watcher that starts later still gets the current value first.
+    /// let mut watcher = bus.subscribe_stream("config/#")?;
+    /// let current = watcher.recv().await.unwrap();
+    /// assert_eq!(current.data(), "postgres://db-1");
+    /// assert!(current.is_retained());
+    ///
+    /// bus.publish_retained("config/db", "postgres://db-2".to_string())?;
+    /// let update = watcher.recv().await.unwrap();
+    /// assert_eq!(update.data(), "postgres://db-2");
+    /// assert!(!update.is_retained()); // live
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Errors: as [`Bus::publish`].
+    pub fn publish_retained(&self, topic: &str, data: T) -> Result<usize, Error> {
+        self.publish_retained_message(topic, data, None)
+            .map_err(|rejected| rejected.error)
+    }
+
+    /// [`Self::publish_retained`] with [`Metadata`].
+    pub fn publish_retained_with(
+        &self,
+        topic: &str,
+        data: T,
+        metadata: Metadata,
+    ) -> Result<usize, Error> {
+        self.publish_retained_message(topic, data, Some(metadata))
+            .map_err(|rejected| rejected.error)
+    }
+
+    fn publish_retained_message(
+        &self,
+        topic: &str,
+        data: T,
+        metadata: Option<Metadata>,
+    ) -> Result<usize, Rejected<T>> {
+        let inner = &*self.inner;
+        let counters = &inner.env.counters;
+        let admitted = match counters.begin_publish() {
+            Ok(admitted) => admitted,
+            Err(error) => return Err(Rejected::with_value(error, data)),
+        };
+        if let Err(error) = validate_topic(topic) {
+            return Err(Rejected::with_value(error.into(), data));
+        }
+        let name = Arc::clone(&inner.routes.route(&inner.trie, topic).topic);
+        let mut garbage = Garbage::new();
+        let message = inner.retained.retain(
+            topic,
+            |seq| Arc::new(Message::stamped(name, data, metadata).with_seq(seq)),
+            &mut garbage,
+            counters,
+        );
+        drop(garbage);
+        // Looked up after the store, outside its lock: see the module docs.
+        let route = inner.routes.route(&inner.trie, topic);
+        self.fan_out(admitted, topic, route, message, None)
+    }
+
+    /// Forgets `topic`'s retained message. Returns whether there was one (an
+    /// invalid topic name never has one).
+    ///
+    /// ```
+    /// use blazesub::{Bus, DeliveryMode};
+    ///
+    /// let bus = Bus::<u32>::builder().delivery(DeliveryMode::Inline).build()?;
+    /// bus.publish_retained("flags/dark-mode", 1)?;
+    /// assert!(bus.clear_retained("flags/dark-mode"));
+    /// assert!(!bus.clear_retained("flags/dark-mode"));
+    /// assert!(bus.retained("flags/#").is_empty());
+    /// # Ok::<(), blazesub::Error>(())
+    /// ```
+    pub fn clear_retained(&self, topic: &str) -> bool {
+        if validate_topic(topic).is_err() {
+            return false;
+        }
+        let mut garbage = Garbage::new();
+        let cleared = self
+            .inner
+            .retained
+            .clear(topic, &mut garbage, &self.inner.env.counters);
+        let was = cleared.is_some();
+        drop(cleared);
+        drop(garbage);
+        was
+    }
+
+    /// The retained messages `filter` matches, oldest retained first, each
+    /// marked [`Message::is_retained`]. A shared filter
+    /// (`$share/{group}/{filter}`) reads as its filter; an invalid filter
+    /// matches nothing (check it with
+    /// [`topic::validate_filter`](crate::topic::validate_filter)).
+    ///
+    /// ```
+    /// use blazesub::{Bus, DeliveryMode};
+    ///
+    /// let bus = Bus::<f32>::builder().delivery(DeliveryMode::Inline).build()?;
+    /// bus.publish_retained("sensors/kitchen/temp", 21.5)?;
+    /// bus.publish_retained("sensors/attic/temp", 14.0)?;
+    /// bus.publish("sensors/attic/temp", 14.5)?; // not retained: changes nothing
+    /// let temps: Vec<f32> = bus.retained("sensors/+/temp").iter().map(|m| *m.data()).collect();
+    /// assert_eq!(temps, [21.5, 14.0]);
+    /// # Ok::<(), blazesub::Error>(())
+    /// ```
+    pub fn retained(&self, filter: &str) -> Vec<Arc<Message<T>>> {
+        if validate_filter(filter).is_err() {
+            return Vec::new();
+        }
+        let filter = split_shared(filter).map_or(filter, |(_, inner)| inner);
+        let mut garbage = Garbage::new();
+        let found = {
+            let store = self
+                .inner
+                .retained
+                .lock_fresh(&mut garbage, &self.inner.env.counters);
+            store.matching(filter)
+        };
+        drop(garbage);
+        found
+            .iter()
+            .map(|origin| Arc::new(Message::retained_copy(origin)))
+            .collect()
+    }
+
+    /// How many topics have a retained message now.
+    pub fn retained_count(&self) -> usize {
+        self.inner.retained.len()
+    }
+
+    /// Subscribes a handler (not shared) with its retained snapshot.
+    pub(crate) fn insert_handler<S: Sink<T> + Tracked + 'static>(
+        &self,
+        filter: &str,
+        id: u64,
+        sink: S,
+    ) -> Result<Subscription, Error> {
+        let inner = &*self.inner;
+        let env = &inner.env;
+        let mut garbage = Garbage::new();
+        let mut released = Released::new();
+        let mut made: Option<(Arc<dyn EntryControl>, Arc<str>)> = None;
+        let mut primed: Option<Arc<Subscriber<T, Primed<T, S>>>> = None;
+        // The entry-makers own the user's handler: if the bus is closed they
+        // come back unused, and are dropped after the store's lock.
+        let mut plain = None;
+        let mut wrapped = None;
+        let store = inner.retained.lock_fresh(&mut garbage, &env.counters);
+        let snapshot = Snapshot {
+            messages: store.matching(filter),
+            after: store.seq,
+        };
+        let inserted = if snapshot.messages.is_empty() {
+            plain = Some(|filter: Arc<str>| {
+                let entry = Arc::new(Subscriber::new(id, sink));
+                made = Some((Arc::clone(&entry) as Arc<dyn EntryControl>, filter));
+                entry as HandlerEntry<T>
+            });
+            inner
+                .trie
+                .insert_keeping::<Handlers>(filter, &mut plain, &mut released)
+        } else {
+            let sink = Primed {
+                inner: sink,
+                after: snapshot.after,
+                ready: AtomicBool::new(false),
+                backlog: Mutex::new(VecDeque::new()),
+                capacity: inner.config.stream_capacity,
+            };
+            wrapped = Some(|filter: Arc<str>| {
+                let entry = Arc::new(Subscriber::new(id, sink));
+                made = Some((Arc::clone(&entry) as Arc<dyn EntryControl>, filter));
+                primed = Some(Arc::clone(&entry));
+                entry as HandlerEntry<T>
+            });
+            inner
+                .trie
+                .insert_keeping::<Handlers>(filter, &mut wrapped, &mut released)
+        };
+        drop(store);
+        drop((plain, wrapped, released, garbage));
+        inserted.map_err(|InsertError::Closed| Error::Closed)?;
+        let (control, filter) = made.expect("the trie made the entry");
+        let subscription = self.handle(control, filter, Kind::Handlers);
+        if let Some(entry) = primed {
+            for origin in &snapshot.messages {
+                let copy = Arc::new(Message::retained_copy(origin));
+                deliver_now(&entry.sink.inner, &copy, env);
+            }
+            drop(snapshot);
+            loop {
+                let batch: Vec<_> = {
+                    let mut backlog = entry.sink.backlog();
+                    if backlog.is_empty() {
+                        entry.sink.ready.store(true, Ordering::Release);
+                        break;
+                    }
+                    backlog.drain(..).collect()
+                };
+                for message in batch {
+                    // Its runner counted it as delivered already.
+                    env.counters.retract_delivered(1);
+                    deliver_now(&entry.sink.inner, &message, env);
+                }
+            }
+        }
+        Ok(subscription)
+    }
+
+    /// Subscribes a stream (not shared), with its retained snapshot if
+    /// `snapshot` (a bus's own reply streams take none).
+    pub(crate) fn insert_stream(
+        &self,
+        filter: &str,
+        id: u64,
+        capacity: usize,
+        overflow: StreamOverflow,
+        snapshot: bool,
+    ) -> Result<Receiver<T>, Error> {
+        if !snapshot {
+            return self.insert_plain_stream(filter, id, capacity, overflow);
+        }
+        let inner = &*self.inner;
+        let counters = &inner.env.counters;
+        let mut garbage = Garbage::new();
+        let mut released = Released::new();
+        let mut made = None;
+        let store = inner.retained.lock_fresh(&mut garbage, counters);
+        let messages = store.matching(filter);
+        let mailbox = if messages.is_empty() {
+            Mailbox::with_overflow(capacity, overflow)
+        } else {
+            Mailbox::primed(capacity, overflow, store.seq)
+        };
+        // The newest `capacity` fit; the older ones are lost, counted.
+        let skipped = messages.len().saturating_sub(capacity);
+        if skipped > 0 {
+            mailbox.count_lost(skipped as u64);
+            counters.dropped_now(skipped as u64);
+        }
+        for origin in &messages[skipped..] {
+            mailbox.push(Arc::new(Message::retained_copy(origin)), None);
+        }
+        let mut make = Some(|filter: Arc<str>| {
+            let entry = Arc::new(Subscriber::new(id, mailbox));
+            made = Some((Arc::clone(&entry), filter));
+            entry
+        });
+        let inserted = inner
+            .trie
+            .insert_keeping::<Streams>(filter, &mut make, &mut released);
+        drop(store);
+        drop((make, messages, released, garbage));
+        inserted.map_err(|InsertError::Closed| Error::Closed)?;
+        let (entry, filter) = made.expect("insert made the entry");
+        Ok(self.receiver(entry, filter))
+    }
+}

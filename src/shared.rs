@@ -1,0 +1,663 @@
+//! Shared subscriptions: MQTT 5's `$share/{group}/{filter}` (§4.8.2). The
+//! members of one group on one filter share its messages: each matching
+//! publish goes to exactly one of them.
+//!
+//! # Contract
+//! - Every subscribe call accepts a shared filter ([`Bus::subscribe`],
+//!   [`Bus::subscribe_async`], [`Bus::subscribe_stream`], ...), and a group
+//!   may mix handler and stream members. A group is its share name *and* its
+//!   filter: `$share/g/a/#` and `$share/g/b/#` are two groups.
+//! - **Exactly one member.** A matching publish picks one live member, on
+//!   the publisher's thread, by [`SharePolicy`]: the publish counts the group
+//!   once in its result. A stream member gets the message pushed into its
+//!   mailbox then and there (in publish order, as any stream); a handler
+//!   member gets it as one more delivery of the publish's job, run where the
+//!   delivery mode runs handlers.
+//! - **Leaving loses nothing silently.** A handler member that leaves
+//!   (unsubscribe or drop) is never called again; a delivery already picked
+//!   for it but not started goes to another member instead, or, with none
+//!   left, is counted as dropped. A stream member that leaves hands every
+//!   message still queued in its mailbox to the other members (picked by the
+//!   policy, on the thread dropping the receiver); with none left they are
+//!   counted as dropped. A publish racing the leave that pushes into the
+//!   mailbox after it was handed over is counted as dropped, as for any
+//!   receiver dropped mid-push.
+//! - Retained messages are not sent to shared subscriptions (MQTT 5
+//!   §4.8.2); [`Bus::retained`] reads a shared filter as its filter.
+//! - Least loaded counts a stream member's unread messages and a handler
+//!   member's deliveries picked and not yet finished (an async handler's
+//!   until its future ends). A delivery an overflow policy drops
+//!   (`Overflow::Drop`/`Error`) stays counted as load: that member looks a
+//!   little busier than it is.
+//!
+//! # Cost
+//! A publish on a bus without shared groups pays one atomic load. With
+//! groups, it checks each group's filter against the topic (groups, not
+//! members: a group of a thousand members is one check) and picks a member
+//! with one or a few atomic operations; no lock, no allocation (a handler
+//! member's one-entry subscriber set is made when it joins).
+//!
+//! # Locks
+//! Joining and leaving take the groups' one lock; publishers never do. What
+//! a change replaces (old member lists, a departed member's handler) is
+//! dropped after it is released, and a leaving stream member hands its
+//! queue over with no lock held.
+
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Weak};
+
+use rustc_hash::{FxBuildHasher, FxHashMap};
+
+use crate::bus::Bus;
+use crate::config::SharePolicy;
+use crate::dispatch::{deliver_now, Env};
+use crate::error::Error;
+use crate::handles::{Receiver, Subscription};
+use crate::message::Message;
+use crate::registry::entry::{
+    BoxFuture, EntryControl, HandlerEntry, Sink, StreamEntry, Subscriber, Tracked,
+};
+use crate::registry::mailbox::Mailbox;
+use crate::registry::quiesce::Running;
+use crate::registry::route::HandlerSets;
+use crate::registry::subset::{HandlerSet, SubSet};
+use crate::registry::{Kind, Registry};
+use crate::stats::Counters;
+use crate::sync::{ArcCell, AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::topic::{matches_valid, overlaps, split_shared};
+
+/// One handler member's state, shared by its sink and the group.
+#[derive(Default)]
+struct MemberState {
+    /// The member left: deliveries picked for it go elsewhere.
+    left: AtomicBool,
+    /// Deliveries picked for it and not yet finished.
+    load: AtomicUsize,
+}
+
+/// A member of a group.
+enum Member<T> {
+    Handler {
+        id: u64,
+        entry: HandlerEntry<T>,
+        /// A subscriber set holding only `entry`, made once, appended to a
+        /// publish's handler sets when this member is picked.
+        set: Arc<HandlerSet<T>>,
+        state: Arc<MemberState>,
+    },
+    Stream {
+        id: u64,
+        entry: StreamEntry<T>,
+    },
+}
+
+impl<T> Clone for Member<T> {
+    fn clone(&self) -> Self {
+        match self {
+            Member::Handler {
+                id,
+                entry,
+                set,
+                state,
+            } => Member::Handler {
+                id: *id,
+                entry: Arc::clone(entry),
+                set: Arc::clone(set),
+                state: Arc::clone(state),
+            },
+            Member::Stream { id, entry } => Member::Stream {
+                id: *id,
+                entry: Arc::clone(entry),
+            },
+        }
+    }
+}
+
+impl<T> Member<T> {
+    fn id(&self) -> u64 {
+        match self {
+            Member::Handler { id, .. } | Member::Stream { id, .. } => *id,
+        }
+    }
+
+    fn load(&self) -> usize {
+        match self {
+            Member::Handler { state, .. } => state.load.load(Ordering::Relaxed),
+            Member::Stream { entry, .. } => entry.sink.len(),
+        }
+    }
+}
+
+/// The members of one `$share/{group}/{filter}`.
+pub(crate) struct Group<T> {
+    /// The filter without its `$share/{group}/` prefix.
+    filter: Box<str>,
+    members: ArcCell<Vec<Member<T>>>,
+    /// Round robin's turn, and least loaded's tie-breaker.
+    turn: AtomicUsize,
+    policy: SharePolicy,
+}
+
+impl<T> Group<T> {
+    /// Picks the member for a message to `topic` among `members`.
+    fn pick<'m>(&self, members: &'m [Member<T>], topic: &str) -> Option<&'m Member<T>> {
+        let len = members.len();
+        if len <= 1 {
+            return members.first();
+        }
+        let index = match self.policy {
+            SharePolicy::RoundRobin => self.turn.fetch_add(1, Ordering::Relaxed) % len,
+            SharePolicy::TopicHash => (FxBuildHasher.hash_one(topic) as usize) % len,
+            SharePolicy::LeastLoaded => {
+                // Ties go round robin, so idle members share the work.
+                let start = self.turn.fetch_add(1, Ordering::Relaxed) % len;
+                let mut best = start;
+                let mut best_load = members[start].load();
+                for step in 1..len {
+                    if best_load == 0 {
+                        break;
+                    }
+                    let at = (start + step) % len;
+                    let load = members[at].load();
+                    if load < best_load {
+                        best = at;
+                        best_load = load;
+                    }
+                }
+                best
+            }
+        };
+        members.get(index)
+    }
+}
+
+/// What the groups' lock guards.
+struct Groups<T> {
+    /// By the whole shared filter (`$share/g/a/#`).
+    by_filter: FxHashMap<Arc<str>, Arc<Group<T>>>,
+    closed: bool,
+}
+
+/// Every shared group of a bus.
+pub(crate) struct SharedGroups<T> {
+    policy: SharePolicy,
+    env: Arc<Env>,
+    groups: Mutex<Groups<T>>,
+    /// The groups as publishers read them.
+    list: ArcCell<Vec<Arc<Group<T>>>>,
+    /// Groups in `list`: a publish checks this first.
+    active: AtomicUsize,
+    /// Members of all groups.
+    members: AtomicU64,
+}
+
+/// Messages a leaving stream member bounced back to a publisher, with their
+/// group.
+type Bounced<T> = (Arc<Group<T>>, Vec<Arc<Message<T>>>);
+
+/// Things a change replaced, dropped after the lock.
+type Replaced<T> = (Option<Arc<Vec<Member<T>>>>, Option<Arc<Vec<Arc<Group<T>>>>>);
+
+impl<T> SharedGroups<T> {
+    /// Members of all groups.
+    pub(crate) fn members(&self) -> u64 {
+        self.members.load(Ordering::Relaxed)
+    }
+}
+
+impl<T: Send + Sync + 'static> SharedGroups<T> {
+    pub(crate) fn new(policy: SharePolicy, env: &Arc<Env>) -> Self {
+        Self {
+            policy,
+            env: Arc::clone(env),
+            groups: Mutex::new(Groups {
+                by_filter: FxHashMap::default(),
+                closed: false,
+            }),
+            list: ArcCell::new(Arc::new(Vec::new())),
+            active: AtomicUsize::new(0),
+            members: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Groups<T>> {
+        self.groups.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Picks one member of every group matching `message`'s topic: pushes
+    /// into a stream member's mailbox, or adds a handler member's set to
+    /// `sets`. Returns how many groups it reached.
+    #[inline]
+    pub(crate) fn route(
+        &self,
+        message: &Arc<Message<T>>,
+        sets: &mut HandlerSets<T>,
+        counters: &Counters,
+    ) -> usize {
+        if self.active.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        self.route_slow(message, sets, counters)
+    }
+
+    fn route_slow(
+        &self,
+        message: &Arc<Message<T>>,
+        sets: &mut HandlerSets<T>,
+        counters: &Counters,
+    ) -> usize {
+        let topic = message.topic();
+        // A request may be published to a filter: it reaches the groups
+        // whose filter overlaps it.
+        let to_filter = topic.contains(['+', '#']);
+        let mut reached = 0;
+        // Messages a leaving stream member bounced, passed on after the
+        // loads below are let go (passing on may run a handler).
+        let mut bounced: Vec<Bounced<T>> = Vec::new();
+        self.list.with(|groups| {
+            for group in groups.iter() {
+                let reaches = if to_filter {
+                    overlaps(&group.filter, topic)
+                } else {
+                    matches_valid(&group.filter, topic)
+                };
+                if !reaches {
+                    continue;
+                }
+                group
+                    .members
+                    .with(|members| match group.pick(members, topic) {
+                        Some(Member::Handler { set, state, .. }) => {
+                            state.load.fetch_add(1, Ordering::Relaxed);
+                            sets.push(Arc::clone(set));
+                            reached += 1;
+                        }
+                        Some(Member::Stream { entry, .. }) => {
+                            let mut back = Vec::new();
+                            let dropped = entry.sink.push_or_return(Arc::clone(message), &mut back);
+                            if dropped > 0 {
+                                counters.dropped_now(dropped);
+                            }
+                            if !back.is_empty() {
+                                bounced.push((Arc::clone(group), back));
+                            }
+                            reached += 1;
+                        }
+                        None => {}
+                    });
+            }
+        });
+        for (group, messages) in bounced {
+            for message in messages {
+                self.pass_on(&group, message, counters);
+            }
+        }
+        reached
+    }
+
+    /// Gives `message`, which a leaving stream member could not keep, to a
+    /// member of the group's current list, from a publisher; counts it
+    /// dropped if none can take it.
+    fn pass_on(&self, group: &Group<T>, message: Arc<Message<T>>, counters: &Counters) {
+        let mut pending = vec![message];
+        // Each try finds the list without a member that bounced (it leaves
+        // the list before it closes); bounded all the same.
+        let mut tries = 0;
+        while let Some(message) = pending.pop() {
+            tries += 1;
+            let members = group.members.load_full();
+            match group.pick(&members, message.topic()) {
+                _ if tries > 64 => counters.dropped_now(1),
+                Some(Member::Handler { entry, state, .. }) => {
+                    // Not necessarily this publish's message (the member
+                    // may have left with others queued): delivered here, on
+                    // the publisher's thread, as under `CallerRuns`.
+                    state.load.fetch_add(1, Ordering::Relaxed);
+                    deliver_now(&entry.sink, &message, &self.env);
+                }
+                Some(Member::Stream { entry, .. }) => {
+                    let dropped = entry.sink.push_or_return(message, &mut pending);
+                    if dropped > 0 {
+                        counters.dropped_now(dropped);
+                    }
+                }
+                None => counters.dropped_now(1),
+            }
+        }
+    }
+
+    /// Adds `member` to the group of `filter` (a valid shared filter),
+    /// making the group if needed.
+    fn join(
+        &self,
+        filter: &Arc<str>,
+        make: impl FnOnce(&Arc<Group<T>>) -> Member<T>,
+    ) -> Result<(), Error> {
+        let mut replaced: Replaced<T> = (None, None);
+        {
+            let mut groups = self.lock();
+            if groups.closed {
+                return Err(Error::Closed);
+            }
+            let group = match groups.by_filter.get(filter) {
+                Some(group) => Arc::clone(group),
+                None => {
+                    let (_, inner) = split_shared(filter).unwrap_or(("", filter));
+                    let group = Arc::new(Group {
+                        filter: inner.into(),
+                        members: ArcCell::new(Arc::new(Vec::new())),
+                        turn: AtomicUsize::new(0),
+                        policy: self.policy,
+                    });
+                    groups
+                        .by_filter
+                        .insert(Arc::clone(filter), Arc::clone(&group));
+                    replaced.1 = Some(self.publish_list(&groups));
+                    group
+                }
+            };
+            let member = make(&group);
+            let mut members: Vec<Member<T>> = group.members.load_full().iter().cloned().collect();
+            members.push(member);
+            replaced.0 = Some(group.members.swap(Arc::new(members)));
+            self.members.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(replaced);
+        Ok(())
+    }
+
+    /// Republishes the groups list from `groups`; returns the old list.
+    fn publish_list(&self, groups: &Groups<T>) -> Arc<Vec<Arc<Group<T>>>> {
+        let list: Vec<Arc<Group<T>>> = groups.by_filter.values().cloned().collect();
+        self.active.store(list.len(), Ordering::Release);
+        self.list.swap(Arc::new(list))
+    }
+
+    /// Takes member `id` out of the group of `filter`. Returns it, the group
+    /// and its remaining members, or `None` if it was not there.
+    #[allow(clippy::type_complexity)]
+    fn leave(
+        &self,
+        filter: &str,
+        id: u64,
+    ) -> Option<(Member<T>, Arc<Group<T>>, Arc<Vec<Member<T>>>)> {
+        let mut replaced: Replaced<T> = (None, None);
+        let result = {
+            let mut groups = self.lock();
+            let group = groups.by_filter.get(filter).cloned()?;
+            let current = group.members.load_full();
+            let at = current.iter().position(|m| m.id() == id)?;
+            let member = current[at].clone();
+            let rest: Vec<Member<T>> = current.iter().filter(|m| m.id() != id).cloned().collect();
+            let rest = Arc::new(rest);
+            replaced.0 = Some(group.members.swap(Arc::clone(&rest)));
+            if rest.is_empty() {
+                groups.by_filter.remove(filter);
+                replaced.1 = Some(self.publish_list(&groups));
+            }
+            self.members.fetch_sub(1, Ordering::Relaxed);
+            drop(current);
+            (member, group, rest)
+        };
+        drop(replaced);
+        Some(result)
+    }
+
+    /// Delivers `message`, which a member that left could not take, to
+    /// another of `members` on this thread; counts it dropped if none is
+    /// left.
+    fn hand_over(&self, members: &[Member<T>], group: &Group<T>, message: Arc<Message<T>>) {
+        match group.pick(members, message.topic()) {
+            Some(Member::Handler { entry, state, .. }) => {
+                state.load.fetch_add(1, Ordering::Relaxed);
+                deliver_now(&entry.sink, &message, &self.env);
+            }
+            Some(Member::Stream { entry, .. }) => {
+                let mut back = Vec::new();
+                let dropped = entry.sink.push_or_return(message, &mut back);
+                if dropped > 0 {
+                    self.env.counters.dropped_now(dropped);
+                }
+                for bounced in back {
+                    let members = group.members.load_full();
+                    self.hand_over(&members, group, bounced);
+                }
+            }
+            None => self.env.counters.dropped_now(1),
+        }
+    }
+
+    /// Ends every stream member's mailbox (the bus closed or is gone), and
+    /// refuses new members.
+    pub(crate) fn close_streams(&self) {
+        let mut groups = self.lock();
+        groups.closed = true;
+        for group in groups.by_filter.values() {
+            group.members.with(|members| {
+                for member in members.iter() {
+                    if let Member::Stream { entry, .. } = member {
+                        entry.sink.close();
+                    }
+                }
+            });
+        }
+    }
+}
+
+impl<T: Send + Sync + 'static> Registry for SharedGroups<T> {
+    fn remove(&self, filter: &str, kind: Kind, entry: &dyn EntryControl) -> bool {
+        let _ = kind;
+        let Some((member, group, rest)) = self.leave(filter, entry.id()) else {
+            return false;
+        };
+        match member {
+            Member::Handler { state, .. } => {
+                // After the list no longer holds it: a redirect never picks it.
+                state.left.store(true, Ordering::SeqCst);
+            }
+            Member::Stream { entry, .. } => {
+                // Hand the queue over, with no lock held. Pushes from now on
+                // bounce back to their publisher, who passes them on.
+                entry.sink.leaving();
+                while let Some(message) = entry.sink.take() {
+                    self.hand_over(&rest, &group, message);
+                }
+            }
+        }
+        true
+    }
+
+    fn compact(&self, _filter: &str, _kind: Kind) {}
+}
+
+impl<T> Drop for SharedGroups<T> {
+    fn drop(&mut self) {
+        // The bus is gone: end every stream member's mailbox.
+        let groups = self.groups.get_mut().unwrap_or_else(|e| e.into_inner());
+        for group in groups.by_filter.values() {
+            group.members.with(|members| {
+                for member in members.iter() {
+                    if let Member::Stream { entry, .. } = member {
+                        entry.sink.close();
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// A handler member's sink: counts its load, and sends a delivery picked for
+/// it after it left to another member.
+struct MemberSink<T, S> {
+    inner: S,
+    state: Arc<MemberState>,
+    group: Weak<Group<T>>,
+    counters: Arc<Counters>,
+}
+
+/// Takes one delivery off a member's load when it ends, however it ends.
+struct Unload(Arc<MemberState>);
+
+impl Drop for Unload {
+    fn drop(&mut self) {
+        self.0.load.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl<T: Send + Sync + 'static, S: Sink<T>> Sink<T> for MemberSink<T, S> {
+    fn deliver(&self, message: &Arc<Message<T>>) -> Option<BoxFuture> {
+        let unload = Unload(Arc::clone(&self.state));
+        if self.state.left.load(Ordering::Acquire) {
+            drop(unload);
+            return self.redirect(message);
+        }
+        match self.inner.deliver(message) {
+            None => None,
+            Some(future) => Some(Box::pin(Unloading {
+                future,
+                _unload: unload,
+            })),
+        }
+    }
+}
+
+/// An async member delivery that takes itself off the load when it ends.
+struct Unloading {
+    future: BoxFuture,
+    _unload: Unload,
+}
+
+impl Future for Unloading {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        self.future.as_mut().poll(cx)
+    }
+}
+
+impl<T: Send + Sync + 'static, S> MemberSink<T, S> {
+    /// A delivery for this member, which has left: to another member, from
+    /// this runner. The runner counts what this returns as one delivery, so
+    /// a push (counted when read) or a drop takes that count back.
+    fn redirect(&self, message: &Arc<Message<T>>) -> Option<BoxFuture> {
+        let counters = &self.counters;
+        let members = self
+            .group
+            .upgrade()
+            .map(|group| (group.members.load_full(), group));
+        let picked = members
+            .as_ref()
+            .and_then(|(members, group)| group.pick(members, message.topic()));
+        match picked {
+            Some(Member::Handler { entry, state, .. }) => {
+                state.load.fetch_add(1, Ordering::Relaxed);
+                entry.sink.deliver(message)
+            }
+            Some(Member::Stream { entry, .. }) => {
+                counters.retract_delivered(1);
+                let mut back = Vec::new();
+                let mut dropped = entry.sink.push_or_return(Arc::clone(message), &mut back);
+                // A stream member leaving right now: rare enough to drop.
+                dropped += back.len() as u64;
+                if dropped > 0 {
+                    counters.dropped_now(dropped);
+                }
+                None
+            }
+            None => {
+                counters.retract_delivered(1);
+                counters.dropped_now(1);
+                None
+            }
+        }
+    }
+}
+
+impl<T, S: Tracked> Tracked for MemberSink<T, S> {
+    fn running(&self) -> Option<Arc<Running>> {
+        self.inner.running()
+    }
+}
+
+impl<T: Send + Sync + 'static> Bus<T> {
+    /// Adds a handler to the shared group of `filter` (a valid shared filter).
+    pub(crate) fn join_group_handler<S: Sink<T> + Tracked + 'static>(
+        &self,
+        filter: &str,
+        id: u64,
+        sink: S,
+    ) -> Result<Subscription, Error> {
+        let shared = &self.inner.shared;
+        let filter: Arc<str> = Arc::from(filter);
+        let mut control: Option<Arc<dyn EntryControl>> = None;
+        shared.join(&filter, |group| {
+            let state = Arc::new(MemberState::default());
+            let entry = Arc::new(Subscriber::new(
+                id,
+                MemberSink {
+                    inner: sink,
+                    state: Arc::clone(&state),
+                    group: Arc::downgrade(group),
+                    counters: Arc::clone(&self.inner.env.counters),
+                },
+            ));
+            control = Some(Arc::clone(&entry) as Arc<dyn EntryControl>);
+            let entry = entry as HandlerEntry<T>;
+            let set = Arc::new(SubSet::empty().grown(Arc::clone(&entry)));
+            Member::Handler {
+                id,
+                entry,
+                set,
+                state,
+            }
+        })?;
+        let control = control.expect("join made the member");
+        Ok(self.shared_handle(control, filter, Kind::Handlers))
+    }
+
+    /// Adds a stream to the shared group of `filter` (a valid shared filter).
+    pub(crate) fn join_group_stream(
+        &self,
+        filter: &str,
+        id: u64,
+        capacity: usize,
+    ) -> Result<Receiver<T>, Error> {
+        let filter: Arc<str> = Arc::from(filter);
+        let entry: StreamEntry<T> = Arc::new(Subscriber::new(id, Mailbox::new(capacity)));
+        self.inner.shared.join(&filter, |_| Member::Stream {
+            id,
+            entry: Arc::clone(&entry),
+        })?;
+        let subscription = self.shared_handle(
+            Arc::clone(&entry) as Arc<dyn EntryControl>,
+            filter,
+            Kind::Streams,
+        );
+        Ok(Receiver::new(
+            entry,
+            Arc::clone(&self.inner.env.counters),
+            subscription,
+        ))
+    }
+
+    fn shared_handle(
+        &self,
+        entry: Arc<dyn EntryControl>,
+        filter: Arc<str>,
+        kind: Kind,
+    ) -> Subscription {
+        let shared = Arc::downgrade(&self.inner.shared);
+        let registry: Weak<dyn Registry> = shared;
+        Subscription::new(
+            entry,
+            filter,
+            registry,
+            Arc::clone(&self.inner.env.quiescence),
+            kind,
+        )
+    }
+}

@@ -1,0 +1,476 @@
+//! Retained messages (issue 9, DESIGN.md §7) through the public API, in every
+//! delivery mode: the snapshot comes first, then per topic no gap and no
+//! duplicate even with publishers racing the subscribe; the store is bounded
+//! and counts what it evicts and lets expire; a sequential model checked by
+//! proptest. Every step that could hang runs under a time limit.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use blazesub::{Bus, DeliveryMode, Message};
+use common::{runtime, wait_until, within, MODES};
+use proptest::prelude::*;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn bus_on(mode: DeliveryMode, rt: &tokio::runtime::Runtime) -> Bus<u64> {
+    Bus::<u64>::builder()
+        .delivery(mode)
+        .workers(2)
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap()
+}
+
+fn values(messages: &[Arc<Message<u64>>]) -> Vec<(String, u64, bool)> {
+    messages
+        .iter()
+        .map(|m| (m.topic().to_owned(), *m.data(), m.is_retained()))
+        .collect()
+}
+
+#[test]
+fn a_new_stream_gets_the_snapshot_first_then_live_messages() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = bus_on(mode, &rt);
+        within(LIMIT, &format!("{mode:?}"), move || {
+            bus.publish_retained("cfg/a", 1).unwrap();
+            bus.publish_retained("cfg/b", 2).unwrap();
+            bus.publish_retained("cfg/a", 3).unwrap(); // replaces 1
+            bus.publish("cfg/c", 9).unwrap(); // not retained
+            bus.publish_retained("other/x", 5).unwrap();
+            let mut rx = bus.subscribe_stream("cfg/#").unwrap();
+            bus.publish_retained("cfg/b", 4).unwrap();
+            bus.publish("cfg/c", 10).unwrap();
+            let mut got = Vec::new();
+            for _ in 0..4 {
+                got.push(rx.try_recv().unwrap());
+            }
+            assert_eq!(
+                values(&got),
+                [
+                    ("cfg/b".into(), 2, true),
+                    ("cfg/a".into(), 3, true),
+                    ("cfg/b".into(), 4, false),
+                    ("cfg/c".into(), 10, false),
+                ],
+                "{mode:?}: snapshot oldest first, then live"
+            );
+            assert!(rx.try_recv().is_err());
+        });
+    }
+}
+
+#[test]
+fn a_new_handler_gets_the_snapshot_before_subscribe_returns_then_live() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = bus_on(mode, &rt);
+        within(LIMIT, &format!("{mode:?}"), move || {
+            bus.publish_retained("cfg/a", 1).unwrap();
+            bus.publish_retained("cfg/b", 2).unwrap();
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let log = Arc::clone(&seen);
+            let _sub = bus
+                .subscribe("cfg/+", move |m: &Message<u64>| {
+                    log.lock()
+                        .unwrap()
+                        .push((m.topic().to_owned(), *m.data(), m.is_retained()));
+                })
+                .unwrap();
+            assert_eq!(
+                *seen.lock().unwrap(),
+                [("cfg/a".into(), 1, true), ("cfg/b".into(), 2, true)],
+                "{mode:?}"
+            );
+            bus.publish_retained("cfg/a", 3).unwrap();
+            assert!(wait_until(LIMIT, || seen.lock().unwrap().len() == 3));
+            assert_eq!(seen.lock().unwrap()[2], ("cfg/a".into(), 3, false));
+            let stats = bus.stats();
+            assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+            assert_eq!(stats.handler_panics, 0);
+        });
+    }
+}
+
+#[test]
+fn async_handlers_get_the_snapshot_too() {
+    let rt = runtime(2);
+    let bus = bus_on(DeliveryMode::WorkerPool, &rt);
+    bus.publish_retained("cfg/a", 7).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _sub = bus
+        .subscribe_async("cfg/#", move |m: Arc<Message<u64>>| {
+            let tx = tx.clone();
+            async move {
+                tokio::task::yield_now().await;
+                tx.send((*m.data(), m.is_retained())).unwrap();
+            }
+        })
+        .unwrap();
+    assert_eq!(rx.recv_timeout(LIMIT).unwrap(), (7, true));
+    assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+    assert_eq!(bus.stats().delivered, 1);
+}
+
+#[test]
+fn clear_and_query_follow_mqtt_rules() {
+    let bus = Bus::<u64>::builder()
+        .delivery(DeliveryMode::Inline)
+        .build()
+        .unwrap();
+    bus.publish_retained("a/b", 1).unwrap();
+    bus.publish_retained("a", 2).unwrap();
+    bus.publish_retained("$SYS/load", 3).unwrap();
+    bus.publish_retained("/x", 4).unwrap();
+    let topics = |filter: &str| -> Vec<String> {
+        let mut t: Vec<String> = bus
+            .retained(filter)
+            .iter()
+            .map(|m| m.topic().to_owned())
+            .collect();
+        t.sort();
+        t
+    };
+    assert_eq!(topics("#"), ["/x", "a", "a/b"]); // `#` skips `$` topics
+    assert_eq!(topics("a/#"), ["a", "a/b"]); // `a/#` matches `a`
+    assert_eq!(topics("+"), ["a"]);
+    assert_eq!(topics("+/+"), ["/x", "a/b"]);
+    assert_eq!(topics("$SYS/#"), ["$SYS/load"]);
+    assert_eq!(topics("$share/g/a/+"), ["a/b"]);
+    assert!(topics("a/#/b").is_empty()); // invalid: matches nothing
+    assert!(bus.retained("a").iter().all(|m| m.is_retained()));
+    assert_eq!(bus.retained_count(), 4);
+    assert!(bus.clear_retained("a/b"));
+    assert!(!bus.clear_retained("a/b"));
+    assert!(!bus.clear_retained("a/+")); // not a topic name
+    assert_eq!(topics("a/#"), ["a"]);
+    assert_eq!(bus.stats().retained, 3);
+}
+
+#[test]
+fn shared_subscriptions_get_no_retained_messages() {
+    let bus = Bus::<u64>::builder()
+        .delivery(DeliveryMode::Inline)
+        .build()
+        .unwrap();
+    bus.publish_retained("jobs/1", 1).unwrap();
+    let mut member = bus.subscribe_stream("$share/pool/jobs/#").unwrap();
+    assert!(member.try_recv().is_err());
+    bus.publish_retained("jobs/2", 2).unwrap();
+    assert_eq!(*member.try_recv().unwrap().data(), 2);
+}
+
+#[test]
+fn the_store_is_bounded_and_counts_evictions() {
+    let bus = Bus::<u64>::builder()
+        .delivery(DeliveryMode::Inline)
+        .max_retained(3)
+        .build()
+        .unwrap();
+    for i in 0..5 {
+        bus.publish_retained(&format!("t/{i}"), i).unwrap();
+    }
+    bus.publish_retained("t/3", 33).unwrap(); // an update: no eviction
+    let kept: Vec<u64> = bus.retained("#").iter().map(|m| *m.data()).collect();
+    assert_eq!(kept, [2, 4, 33]);
+    let stats = bus.stats();
+    assert_eq!((stats.retained, stats.retained_evicted), (3, 2));
+}
+
+#[test]
+fn expired_messages_are_removed_counted_and_never_handed_out() {
+    let bus = Bus::<u64>::builder()
+        .delivery(DeliveryMode::Inline)
+        .retained_expiry(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    bus.publish_retained("t/old", 1).unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    bus.publish_retained("t/new", 2).unwrap();
+    let mut rx = bus.subscribe_stream("t/#").unwrap();
+    assert_eq!(*rx.try_recv().unwrap().data(), 2);
+    assert!(rx.try_recv().is_err());
+    let stats = bus.stats();
+    assert_eq!((stats.retained, stats.retained_expired), (1, 1));
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(bus.retained("#").is_empty());
+    assert_eq!(bus.stats().retained_expired, 2);
+}
+
+#[test]
+fn a_snapshot_larger_than_the_mailbox_keeps_the_newest_and_counts_the_rest() {
+    let bus = Bus::<u64>::builder()
+        .delivery(DeliveryMode::Inline)
+        .build()
+        .unwrap();
+    for i in 0..10 {
+        bus.publish_retained(&format!("t/{i}"), i).unwrap();
+    }
+    let mut rx = bus.subscribe_stream_with_capacity("t/#", 4).unwrap();
+    assert_eq!(rx.lost(), 6);
+    let got: Vec<u64> = std::iter::from_fn(|| rx.try_recv().ok())
+        .map(|m| *m.data())
+        .collect();
+    assert_eq!(got, [6, 7, 8, 9]);
+    assert_eq!(bus.stats().dropped, 6);
+}
+
+/// Publisher threads bump a counter on their retained topics while
+/// subscribers (streams and handlers) join: every stream sees, per topic, a
+/// strictly increasing run with no gap ending at the last value, the first
+/// one retained (if the topic had a value when it joined) and none after;
+/// every handler sees each value from its first one on exactly once.
+#[test]
+fn racing_publishers_leave_no_gap_and_no_duplicate() {
+    const PUBLISHERS: u64 = 4;
+    const TOPICS_EACH: u64 = 4;
+    const COUNT: u64 = 1_500;
+    const JOINERS: usize = 24;
+    for mode in MODES {
+        let rt = runtime(2);
+        // A handler's backlog while its snapshot is delivered holds up to
+        // `stream_capacity` live messages in order; beyond that they are
+        // delivered at once. Room for the whole run keeps order exact.
+        let bus = Bus::<u64>::builder()
+            .delivery(mode)
+            .workers(2)
+            .stream_capacity(1 << 17)
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap();
+        within(Duration::from_secs(120), &format!("{mode:?}"), move || {
+            let done = Arc::new(AtomicBool::new(false));
+            let publishers: Vec<_> = (0..PUBLISHERS)
+                .map(|p| {
+                    let bus = bus.clone();
+                    std::thread::spawn(move || {
+                        for n in 1..=COUNT {
+                            for t in 0..TOPICS_EACH {
+                                bus.publish_retained(&format!("race/{p}/{t}"), n).unwrap();
+                            }
+                        }
+                    })
+                })
+                .collect();
+            type Log = Arc<Mutex<Vec<(String, u64, bool)>>>;
+            let mut streams = Vec::new();
+            let mut handlers: Vec<(Log, blazesub::Subscription)> = Vec::new();
+            for j in 0..JOINERS {
+                std::thread::sleep(Duration::from_micros(300 * j as u64 % 2_000));
+                if j % 2 == 0 {
+                    streams.push(bus.subscribe_stream("race/#").unwrap());
+                } else {
+                    let log: Log = Arc::default();
+                    let writer = Arc::clone(&log);
+                    let sub = bus
+                        .subscribe("race/+/+", move |m: &Message<u64>| {
+                            writer.lock().unwrap().push((
+                                m.topic().to_owned(),
+                                *m.data(),
+                                m.is_retained(),
+                            ));
+                        })
+                        .unwrap();
+                    handlers.push((log, sub));
+                }
+            }
+            for p in publishers {
+                p.join().unwrap();
+            }
+            done.store(true, Ordering::Relaxed);
+            assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+            for (i, rx) in streams.iter_mut().enumerate() {
+                assert_eq!(rx.lost(), 0);
+                let mut per_topic: HashMap<String, Vec<(u64, bool)>> = HashMap::new();
+                while let Ok(m) = rx.try_recv() {
+                    per_topic
+                        .entry(m.topic().to_owned())
+                        .or_default()
+                        .push((*m.data(), m.is_retained()));
+                }
+                for (topic, seen) in &per_topic {
+                    for (k, w) in seen.windows(2).enumerate() {
+                        assert_eq!(
+                            w[1].0,
+                            w[0].0 + 1,
+                            "{mode:?} stream {i} {topic}: gap or duplicate at {k}: {:?}",
+                            &seen[k.saturating_sub(2)..(k + 3).min(seen.len())]
+                        );
+                        assert!(!w[1].1, "{mode:?} stream {i} {topic}: retained after live");
+                    }
+                    assert_eq!(seen.last().unwrap().0, COUNT, "{mode:?} {topic}: last");
+                }
+                assert_eq!(per_topic.len() as u64, PUBLISHERS * TOPICS_EACH);
+            }
+            for (i, (log, _)) in handlers.iter().enumerate() {
+                let log = log.lock().unwrap();
+                let mut per_topic: BTreeMap<&str, Vec<(u64, bool)>> = BTreeMap::new();
+                for (topic, n, retained) in log.iter() {
+                    per_topic.entry(topic).or_default().push((*n, *retained));
+                }
+                for (topic, seen) in per_topic.iter_mut() {
+                    let retained: Vec<u64> = seen.iter().filter(|s| s.1).map(|s| s.0).collect();
+                    assert!(
+                        retained.len() <= 1,
+                        "{mode:?} handler {i} {topic}: {retained:?}"
+                    );
+                    let first = seen[0];
+                    if mode == DeliveryMode::Inline {
+                        // One runner: in order, too.
+                        assert!(seen.windows(2).all(|w| w[1].0 == w[0].0 + 1));
+                    }
+                    if let Some(&r) = retained.first() {
+                        assert_eq!(first.0, r, "{mode:?} handler {i} {topic}: snapshot first");
+                    }
+                    let mut values: Vec<u64> = seen.iter().map(|s| s.0).collect();
+                    values.sort_unstable();
+                    let lowest = values[0];
+                    assert_eq!(
+                        values,
+                        (lowest..=COUNT).collect::<Vec<_>>(),
+                        "{mode:?} handler {i} {topic}: each value once from the first on"
+                    );
+                }
+            }
+            let stats = bus.stats();
+            assert_eq!(stats.handler_panics, 0);
+            assert_eq!(stats.dropped, 0);
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A sequential model of the retained state.
+// ---------------------------------------------------------------------------
+
+const TOPICS: [&str; 6] = ["a", "a/b", "a/c", "b/x", "$s/y", "a/b/c"];
+const FILTERS: [&str; 7] = ["#", "a/#", "a/+", "+/x", "$s/#", "a/b", "+/+/c"];
+
+#[derive(Clone, Debug)]
+enum Op {
+    Publish(usize, u64),
+    Plain(usize, u64),
+    Clear(usize),
+    Subscribe(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..TOPICS.len(), any::<u64>()).prop_map(|(t, v)| Op::Publish(t, v)),
+        1 => (0..TOPICS.len(), any::<u64>()).prop_map(|(t, v)| Op::Plain(t, v)),
+        2 => (0..TOPICS.len()).prop_map(Op::Clear),
+        2 => (0..FILTERS.len()).prop_map(Op::Subscribe),
+    ]
+}
+
+/// The model: topic → (value, order of its last retained publish); evicts
+/// the oldest beyond `max`.
+#[derive(Default)]
+struct Model {
+    retained: BTreeMap<&'static str, (u64, u64)>,
+    clock: u64,
+    evicted: u64,
+}
+
+impl Model {
+    fn snapshot(&self, filter: &str) -> Vec<(String, u64)> {
+        let mut found: Vec<_> = self
+            .retained
+            .iter()
+            .filter(|(t, _)| blazesub::topic::matches(filter, t))
+            .map(|(t, (v, order))| (*order, t.to_string(), *v))
+            .collect();
+        found.sort();
+        found.into_iter().map(|(_, t, v)| (t, v)).collect()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn retained_state_follows_the_model(
+        ops in proptest::collection::vec(op(), 1..60),
+        max in 1usize..5,
+    ) {
+        let bus = Bus::<u64>::builder()
+            .delivery(DeliveryMode::Inline)
+            .max_retained(max)
+            .build()
+            .unwrap();
+        let mut model = Model::default();
+        for op in ops {
+            match op {
+                Op::Publish(t, v) => {
+                    bus.publish_retained(TOPICS[t], v).unwrap();
+                    model.clock += 1;
+                    let fresh = !model.retained.contains_key(TOPICS[t]);
+                    if fresh && model.retained.len() >= max {
+                        let oldest = *model
+                            .retained
+                            .iter()
+                            .min_by_key(|(_, (_, order))| *order)
+                            .unwrap()
+                            .0;
+                        model.retained.remove(oldest);
+                        model.evicted += 1;
+                    }
+                    model.retained.insert(TOPICS[t], (v, model.clock));
+                }
+                Op::Plain(t, v) => {
+                    bus.publish(TOPICS[t], v).unwrap();
+                }
+                Op::Clear(t) => {
+                    let had = model.retained.remove(TOPICS[t]).is_some();
+                    prop_assert_eq!(bus.clear_retained(TOPICS[t]), had);
+                }
+                Op::Subscribe(f) => {
+                    let mut rx = bus.subscribe_stream(FILTERS[f]).unwrap();
+                    let got: Vec<(String, u64)> = std::iter::from_fn(|| rx.try_recv().ok())
+                        .inspect(|m| assert!(m.is_retained()))
+                        .map(|m| (m.topic().to_owned(), *m.data()))
+                        .collect();
+                    prop_assert_eq!(&got, &model.snapshot(FILTERS[f]), "filter {}", FILTERS[f]);
+                    let queried: Vec<(String, u64)> = bus
+                        .retained(FILTERS[f])
+                        .iter()
+                        .map(|m| (m.topic().to_owned(), *m.data()))
+                        .collect();
+                    prop_assert_eq!(queried, got);
+                }
+            }
+            let stats = bus.stats();
+            prop_assert_eq!(stats.retained, model.retained.len() as u64);
+            prop_assert_eq!(stats.retained_evicted, model.evicted);
+        }
+    }
+}
+
+#[test]
+fn counters_add_up_with_retained_traffic() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = bus_on(mode, &rt);
+        let calls = Arc::new(AtomicU64::new(0));
+        let c = Arc::clone(&calls);
+        bus.publish_retained("k/1", 1).unwrap();
+        let _sub = bus
+            .subscribe("k/#", move |_: &Message<u64>| {
+                c.fetch_add(1, Ordering::Relaxed);
+            })
+            .unwrap();
+        for i in 0..100 {
+            bus.publish_retained("k/1", i).unwrap();
+        }
+        assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+        let stats = bus.stats();
+        assert_eq!(calls.load(Ordering::Relaxed), 101, "{mode:?}");
+        assert_eq!(stats.delivered + stats.dropped + stats.handler_panics, 101);
+    }
+}
