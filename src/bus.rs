@@ -353,6 +353,13 @@ impl<T: Send + Sync + 'static> Bus<T> {
 
     fn add_ordered(&self, filter: &str, handler: OrderedHandler<T>) -> Result<Subscription, Error> {
         validate_filter(filter)?;
+        if split_shared(filter).is_some() {
+            return Err(Error::InvalidArgument {
+                name: "filter",
+                value: filter.to_owned(),
+                reason: "is a shared subscription; ordered handlers cannot be shared (use a shared stream and read it in order)",
+            });
+        }
         self.check_open()?;
         let inner = &self.inner;
         let ordered = Arc::new(Ordered::new(
