@@ -875,12 +875,17 @@ fn push_to_streams<T>(
             if !entry.is_active() || entry.sink.disconnected() {
                 continue;
             }
-            let reserved = reservations.take(entry);
-            if reserved.is_none() && entry.sink.overflow() == StreamOverflow::Backpressure {
-                // A lossless subscription this publish made no room in: it
-                // appeared after the reservations (see `reserve.rs`).
-                continue;
-            }
+            let reserved = if entry.sink.overflow() == StreamOverflow::Backpressure {
+                let reserved = reservations.take(entry);
+                if reserved.is_none() {
+                    // A lossless subscription this publish made no room in:
+                    // it appeared after the reservations (see `reserve.rs`).
+                    continue;
+                }
+                reserved
+            } else {
+                None
+            };
             matched += 1;
             let ordered = entry.sink.has_consumer();
             if ordered {

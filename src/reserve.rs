@@ -8,7 +8,9 @@
 //!   ([`reserve_now`]): if any is full, every slot taken is given back and
 //!   the publish reaches no one (`Error::Full`). `publish_async` waits
 //!   ([`reserve_waiting`]), mailbox by mailbox in the order of their ids, so
-//!   two publishers never wait on each other in a cycle.
+//!   two publishers never wait on each other in a cycle. (`publish` never
+//!   waits, so it takes them in the route's order, which its push then
+//!   consumes front to back.)
 //! - A reservation is an owned semaphore permit: dropped (the publish failed,
 //!   or its future was dropped while waiting) it gives the room back at once.
 //!   Delivery after the last reservation is synchronous, so a cancelled
@@ -28,9 +30,15 @@ use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
 use crate::registry::entry::StreamEntry;
 use crate::registry::route::Route;
 
-/// Room held in lossless mailboxes for one publish.
+/// Room held in lossless mailboxes for one publish, in the order it was
+/// taken: the route's order (`publish`), or by id (`publish_async`).
 pub(crate) struct Reservations<T> {
-    held: SmallVec<[(StreamEntry<T>, OwnedSemaphorePermit); 4]>,
+    held: SmallVec<[(StreamEntry<T>, Option<OwnedSemaphorePermit>); 4]>,
+    /// Sorted by entry id (looked up by binary search) rather than in the
+    /// route's order (consumed front to back as the push walks the route).
+    by_id: bool,
+    /// The next reservation in route order.
+    cursor: usize,
 }
 
 /// A lossless mailbox had no room.
@@ -44,6 +52,8 @@ impl<T> Reservations<T> {
     pub(crate) fn none() -> Self {
         Self {
             held: SmallVec::new(),
+            by_id: false,
+            cursor: 0,
         }
     }
 
@@ -54,15 +64,25 @@ impl<T> Reservations<T> {
         if self.held.is_empty() {
             return None;
         }
-        let index = self
-            .held
-            .iter()
-            .position(|(held, _)| Arc::ptr_eq(held, entry))?;
-        Some(self.held.swap_remove(index).1)
+        let index = if self.by_id {
+            self.held
+                .binary_search_by_key(&entry.id(), |(held, _)| held.id())
+                .ok()?
+        } else {
+            // The push walks the route in the order the reservations were
+            // made: the next one is the one, unless the push skipped some
+            // (they left meanwhile); then it is further on.
+            let found = self.held[self.cursor..]
+                .iter()
+                .position(|(held, _)| Arc::ptr_eq(held, entry))?;
+            self.cursor += found + 1;
+            self.cursor - 1
+        };
+        self.held[index].1.take()
     }
 }
 
-/// The active lossless mailboxes `route` reaches, by id.
+/// The active lossless mailboxes `route` reaches, in the route's order.
 fn lossless_targets<T>(route: &Route<T>) -> SmallVec<[StreamEntry<T>; 4]> {
     let mut targets: SmallVec<[StreamEntry<T>; 4]> = SmallVec::new();
     route.for_each_stream_set(|set| {
@@ -72,7 +92,6 @@ fn lossless_targets<T>(route: &Route<T>) -> SmallVec<[StreamEntry<T>; 4]> {
             }
         }
     });
-    targets.sort_by_key(|entry: &StreamEntry<T>| entry.id());
     targets
 }
 
@@ -82,7 +101,7 @@ pub(crate) fn reserve_now<T>(route: &Route<T>) -> Result<Reservations<T>, NoRoom
     for entry in lossless_targets(route) {
         let room = Arc::clone(entry.sink.room().expect("a lossless target"));
         match room.try_acquire_owned() {
-            Ok(permit) => reservations.held.push((entry, permit)),
+            Ok(permit) => reservations.held.push((entry, Some(permit))),
             // Closed: the receiver is gone or the bus closed; nothing to hold.
             Err(TryAcquireError::Closed) => {}
             Err(TryAcquireError::NoPermits) => {
@@ -97,12 +116,15 @@ pub(crate) fn reserve_now<T>(route: &Route<T>) -> Result<Reservations<T>, NoRoom
 
 /// Takes room in every lossless mailbox of `route`, waiting for it.
 pub(crate) async fn reserve_waiting<T>(route: &Route<T>) -> Reservations<T> {
-    let targets = lossless_targets(route);
+    let mut targets = lossless_targets(route);
+    // By id: two publishers waiting never hold what the other waits for.
+    targets.sort_by_key(|entry: &StreamEntry<T>| entry.id());
     let mut reservations = Reservations::none();
+    reservations.by_id = true;
     for entry in targets {
         let room = Arc::clone(entry.sink.room().expect("a lossless target"));
         if let Ok(permit) = room.acquire_owned().await {
-            reservations.held.push((entry, permit));
+            reservations.held.push((entry, Some(permit)));
         }
     }
     reservations
