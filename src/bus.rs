@@ -11,10 +11,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::config::{Config, Overflow};
 use crate::dispatch::{
-    inline_depth, Dispatcher, Env, Fanout, Ordered, OrderedHandler, Policy, TaskGauge,
-    MAX_INLINE_DEPTH,
+    inline_depth, start_drains, Dispatcher, Env, Fanout, Ordered, OrderedHandler, Policy,
+    TaskGauge, MAX_INLINE_DEPTH,
 };
 use crate::error::{Error, Rejected};
 use crate::handler::Handler;
@@ -367,7 +369,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
             Arc::clone(&inner.env),
             inner.dispatcher.drain_on(),
         ));
-        let consumer: Arc<dyn Consumer> = Arc::clone(&ordered) as Arc<dyn Consumer>;
+        let consumer: Consumer = ordered;
         let id = self.next_id();
         let capacity = inner.config.stream_capacity;
         let mut made = None;
@@ -377,7 +379,6 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 let mailbox =
                     Mailbox::with_consumer(capacity, StreamOverflow::DropNewest, Some(consumer));
                 let entry = Arc::new(Subscriber::new(id, mailbox));
-                ordered.attach(&entry);
                 made = Some((Arc::clone(&entry) as Arc<dyn EntryControl>, filter));
                 entry
             })
@@ -685,8 +686,14 @@ impl<T: Send + Sync + 'static> Bus<T> {
             None => Reservations::none(),
         };
         counters.published();
-        let mut matched =
-            push_to_streams(&route, &message, counters, &mut admitted, &mut reservations);
+        let mut matched = push_to_streams(
+            &route,
+            &message,
+            counters,
+            &mut admitted,
+            &mut reservations,
+            inner.config.workers,
+        );
         let mut sets = route.handler_sets();
         drop(route);
         matched += sets.iter().map(|set| set.live()).sum::<usize>();
@@ -861,15 +868,17 @@ impl<T: Send + Sync + 'static> BusInner<T> {
 
 /// Pushes `message` into every active mailbox of the route; returns how many
 /// stream subscriptions matched.
-fn push_to_streams<T>(
+fn push_to_streams<T: Send + Sync + 'static>(
     route: &Route<T>,
     message: &Arc<Message<T>>,
     counters: &Counters,
     admitted: &mut PublishGuard<'_>,
     reservations: &mut Reservations<T>,
+    workers: usize,
 ) -> usize {
     let mut matched = 0;
     let mut dropped = 0;
+    let mut claimed = SmallVec::new();
     route.for_each_stream_set(|set| {
         for entry in set.entries(set.len()) {
             if !entry.is_active() || entry.sink.disconnected() {
@@ -895,11 +904,20 @@ fn push_to_streams<T>(
             }
             let pushed = entry.sink.push(Arc::clone(message), reserved);
             dropped += pushed.dropped;
-            if ordered && pushed.dropped > 0 {
-                counters.add(&Tally {
-                    finished: 1,
-                    ..Tally::default()
-                });
+            if ordered {
+                if !pushed.queued {
+                    counters.add(&Tally {
+                        finished: 1,
+                        ..Tally::default()
+                    });
+                } else if entry
+                    .sink
+                    .consumer()
+                    .and_then(|consumer| consumer.downcast_ref::<Ordered<T>>())
+                    .is_some_and(Ordered::claim)
+                {
+                    claimed.push(Arc::clone(entry));
+                }
             }
             if pushed.disconnected {
                 counters.disconnected();
@@ -908,6 +926,9 @@ fn push_to_streams<T>(
     });
     if dropped > 0 {
         counters.dropped_now(dropped);
+    }
+    if !claimed.is_empty() {
+        start_drains(claimed, workers);
     }
     matched
 }

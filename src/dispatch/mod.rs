@@ -67,7 +67,7 @@ use crate::stats::{Counters, Tally};
 pub(crate) use direct::deliver_now;
 pub(crate) use fanout::{Fanout, Runner};
 pub(crate) use inline::{depth as inline_depth, MAX_INLINE_DEPTH};
-pub(crate) use ordered::{DrainOn, Ordered, OrderedHandler};
+pub(crate) use ordered::{start_drains, DrainOn, Ordered, OrderedHandler};
 pub(crate) use permit::TaskGauge;
 
 /// How one publish is cut into units and handed to runners.

@@ -4,11 +4,13 @@
 //! # Contract
 //! - An ordered subscription is a bounded mailbox (the publisher pushes into
 //!   it, in publish order, as for a stream) drained by one *drain* at a time:
-//!   a `scheduled` flag, set by the push that finds it clear, admits a single
-//!   drain, which runs the handler on each message in turn. The drain clears
-//!   the flag when the mailbox is empty and then looks once more, so a push
-//!   that raced the clear is never left without a drain.
-//! - Where a drain runs is the mode's: a pool job, a tokio task (within
+//!   a `scheduled` flag, claimed by the publisher whose push finds it clear,
+//!   admits a single drain, which runs the handler on each message in turn.
+//!   The drain clears the flag when the mailbox is empty and then looks once
+//!   more, so a push that raced the clear is never left without a drain.
+//! - A publish starts the drains it claimed after it has pushed everything,
+//!   together: a few jobs of many drains each, not one per subscription.
+//!   Where they run is the mode's: a pool job, a tokio task (within
 //!   `max_inflight_tasks`), or the publisher itself in `Inline` mode. When
 //!   the pool's queue or the task cap is full, the publisher runs it, under
 //!   every `Overflow` policy (a drain cannot be dropped without dropping
@@ -24,7 +26,9 @@
 
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::Arc;
+
+use smallvec::SmallVec;
 
 use tokio::runtime::Handle;
 
@@ -32,8 +36,7 @@ use super::permit::TaskPermit;
 use super::pool::Ticket;
 use super::{report_panic, Env};
 use crate::message::Message;
-use crate::registry::entry::{BoxFuture, StreamEntry, Subscriber};
-use crate::registry::mailbox::{Consumer, Mailbox};
+use crate::registry::entry::{BoxFuture, StreamEntry};
 use crate::registry::quiesce;
 use crate::stats::Tally;
 use crate::sync::channel::Sender;
@@ -60,9 +63,6 @@ pub(crate) enum DrainOn<T> {
 /// One ordered subscription's drain.
 pub(crate) struct Ordered<T> {
     handler: OrderedHandler<T>,
-    /// The subscription's entry, set once it exists; weak, since the entry's
-    /// mailbox holds this. A drain holds it strongly while it runs.
-    entry: OnceLock<Weak<Subscriber<T, Mailbox<T>>>>,
     scheduled: AtomicBool,
     env: Arc<Env>,
     on: DrainOn<T>,
@@ -72,16 +72,10 @@ impl<T: Send + Sync + 'static> Ordered<T> {
     pub(crate) fn new(handler: OrderedHandler<T>, env: Arc<Env>, on: DrainOn<T>) -> Self {
         Self {
             handler,
-            entry: OnceLock::new(),
             scheduled: AtomicBool::new(false),
             env,
             on,
         }
-    }
-
-    /// Links the drain to its subscription's entry.
-    pub(crate) fn attach(&self, entry: &StreamEntry<T>) {
-        let _ = self.entry.set(Arc::downgrade(entry));
     }
 
     /// Runs the handler on everything queued, in order, until the mailbox
@@ -174,41 +168,82 @@ impl<T: Send + Sync + 'static> Ordered<T> {
     }
 }
 
-impl<T: Send + Sync + 'static> Consumer for Ordered<T> {
-    fn pushed(self: Arc<Self>) {
-        fence(Ordering::SeqCst);
-        if self.scheduled.swap(true, Ordering::SeqCst) {
-            return; // a drain is on it
+/// The drain behind an ordered subscription's entry.
+fn ordered_of<T: Send + Sync + 'static>(entry: &StreamEntry<T>) -> Option<&Ordered<T>> {
+    entry.sink.consumer()?.downcast_ref::<Ordered<T>>()
+}
+
+/// Starts the drains a publish claimed (see [`Ordered::claim`]), after it
+/// has pushed everything: sync drains in a few chunks, one pool job or task
+/// each (about one per worker), so a publish to many ordered subscriptions
+/// costs a few jobs, not one per subscription; async drains as a task each.
+pub(crate) fn start_drains<T: Send + Sync + 'static>(
+    claimed: SmallVec<[StreamEntry<T>; 4]>,
+    workers: usize,
+) {
+    let mut sync_drains = Vec::new();
+    for entry in claimed {
+        let Some(ordered) = ordered_of(&entry) else {
+            continue;
+        };
+        match ordered.handler {
+            OrderedHandler::Async(_) => DrainJob { entry, ran: false }.spawn_async(),
+            OrderedHandler::Sync(_) => sync_drains.push(entry),
         }
-        let Some(entry) = self.entry.get().and_then(Weak::upgrade) else {
-            self.scheduled.store(false, Ordering::SeqCst);
-            return;
-        };
-        let job = DrainJob {
-            ordered: self,
-            entry,
-            ran: false,
-        };
-        job.dispatch();
+    }
+    if sync_drains.is_empty() {
+        return;
+    }
+    let chunk = sync_drains
+        .len()
+        .div_ceil(workers.max(1))
+        .max(MIN_DRAINS_PER_JOB);
+    while !sync_drains.is_empty() {
+        let rest = sync_drains.split_off(chunk.min(sync_drains.len()));
+        DrainChunk {
+            entries: std::mem::replace(&mut sync_drains, rest),
+        }
+        .dispatch();
     }
 }
 
-/// A scheduled drain: it holds the entry strongly, and if it is dropped
-/// without having run (a runtime shutting down), it discards what it would
-/// have run, counted.
-struct DrainJob<T: Send + Sync + 'static> {
-    ordered: Arc<Ordered<T>>,
-    entry: StreamEntry<T>,
-    ran: bool,
+/// Drains fewer than this share a job: starting one costs more than a few
+/// drains.
+const MIN_DRAINS_PER_JOB: usize = 16;
+
+impl<T: Send + Sync + 'static> Ordered<T> {
+    /// A message was queued: claims the subscription for a drain the caller
+    /// must start, unless a drain already holds it (that one will see the
+    /// message: it looks again after letting go).
+    pub(crate) fn claim(&self) -> bool {
+        // Pairs with the fence in `release_or_continue`.
+        fence(Ordering::SeqCst);
+        !self.scheduled.swap(true, Ordering::SeqCst)
+    }
 }
 
-impl<T: Send + Sync + 'static> DrainJob<T> {
+/// Sync drains started together: they hold their entries, and if the job is
+/// dropped without having run them (a runtime shutting down), what they
+/// would have run is discarded and counted.
+struct DrainChunk<T: Send + Sync + 'static> {
+    entries: Vec<StreamEntry<T>>,
+}
+
+impl<T: Send + Sync + 'static> DrainChunk<T> {
     fn dispatch(self) {
-        let ordered = Arc::clone(&self.ordered);
-        match (&ordered.handler, &ordered.on) {
-            (OrderedHandler::Async(_), _) => self.spawn_async(),
-            (OrderedHandler::Sync(_), DrainOn::Inline) => self.run(),
-            (OrderedHandler::Sync(_), DrainOn::Pool(queue)) => {
+        let Some(ordered) = self.entries.first().and_then(ordered_of) else {
+            return;
+        };
+        // Taken out before `self` moves into a job.
+        let on = match &ordered.on {
+            DrainOn::Inline => DrainOn::Inline,
+            DrainOn::Pool(queue) => DrainOn::Pool(queue.clone()),
+            DrainOn::Tasks(handle) => DrainOn::Tasks(handle.clone()),
+        };
+        let env = Arc::clone(&ordered.env);
+        match on {
+            DrainOn::Inline => self.run(),
+            DrainOn::Pool(queue) => {
                 let ticket = Ticket::Drain(Box::new(move || self.run()));
                 if let Err(refused) = queue.try_send(ticket) {
                     // The queue is full: the publisher drains it itself.
@@ -217,45 +252,66 @@ impl<T: Send + Sync + 'static> DrainJob<T> {
                     }
                 }
             }
-            (OrderedHandler::Sync(_), DrainOn::Tasks(handle)) => {
-                match TaskPermit::acquire(&ordered.env) {
-                    Some(permit) => {
-                        handle.spawn(async move {
-                            let _permit = permit;
-                            self.run();
-                        });
-                    }
-                    None => self.run(),
+            DrainOn::Tasks(handle) => match TaskPermit::acquire(&env) {
+                Some(permit) => {
+                    handle.spawn(async move {
+                        let _permit = permit;
+                        self.run();
+                    });
+                }
+                None => self.run(),
+            },
+        }
+    }
+
+    fn run(mut self) {
+        while let Some(entry) = self.entries.pop() {
+            if let Some(ordered) = ordered_of(&entry) {
+                if let OrderedHandler::Sync(handler) = &ordered.handler {
+                    ordered.drain(&entry, handler.as_ref());
                 }
             }
         }
     }
+}
 
+impl<T: Send + Sync + 'static> Drop for DrainChunk<T> {
+    fn drop(&mut self) {
+        for entry in self.entries.drain(..) {
+            if let Some(ordered) = ordered_of(&entry) {
+                ordered.discard(&entry);
+            }
+        }
+    }
+}
+
+/// An async ordered subscription's drain, a task of its own; dropped before
+/// it finished (a runtime shutting down), it discards what is left, counted.
+struct DrainJob<T: Send + Sync + 'static> {
+    entry: StreamEntry<T>,
+    ran: bool,
+}
+
+impl<T: Send + Sync + 'static> DrainJob<T> {
     /// Marks the drain as having run to its end.
     fn done(&mut self) {
         self.ran = true;
     }
 
-    fn run(mut self) {
-        self.done();
-        if let OrderedHandler::Sync(handler) = &self.ordered.handler {
-            self.ordered.drain(&self.entry, handler.as_ref());
-        }
-    }
-
     fn spawn_async(mut self) {
-        let Some(handle) = self.ordered.env.handle.clone() else {
+        let Some(handle) = ordered_of(&self.entry).and_then(|o| o.env.handle.clone()) else {
             // Async ordered subscriptions are refused on a bus without a
             // runtime; should one get here, `Drop` counts what it carries.
             return;
         };
-        let permit = TaskPermit::acquire(&self.ordered.env);
+        let permit = ordered_of(&self.entry).and_then(|o| TaskPermit::acquire(&o.env));
         handle.spawn(async move {
             let _permit = permit;
-            if let OrderedHandler::Async(handler) = &self.ordered.handler {
-                self.ordered
-                    .drain_async(&self.entry, handler.as_ref())
-                    .await;
+            let entry = Arc::clone(&self.entry);
+            if let Some(ordered) = ordered_of(&entry) {
+                if let OrderedHandler::Async(handler) = &ordered.handler {
+                    ordered.drain_async(&entry, handler.as_ref()).await;
+                }
             }
             self.done();
         });
@@ -265,7 +321,9 @@ impl<T: Send + Sync + 'static> DrainJob<T> {
 impl<T: Send + Sync + 'static> Drop for DrainJob<T> {
     fn drop(&mut self) {
         if !self.ran {
-            self.ordered.discard(&self.entry);
+            if let Some(ordered) = ordered_of(&self.entry) {
+                ordered.discard(&self.entry);
+            }
         }
     }
 }

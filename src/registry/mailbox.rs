@@ -22,6 +22,7 @@
 //! and each pops different messages). Whoever pops a message counts it as
 //! dropped, so each is counted once.
 
+use std::any::Any;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -33,19 +34,15 @@ use crate::sync::queue::ArrayQueue;
 use crate::sync::{fence, AtomicBool, AtomicU64, Ordering, WakerSlot};
 
 /// Who takes messages out of a mailbox when it is not a [`Receiver`](crate::Receiver):
-/// an ordered handler's drain (see `dispatch/ordered.rs`), told after each
-/// message it queued.
-pub(crate) trait Consumer: Send + Sync {
-    /// A message was queued. Runs no lock of the bus; it may run the
-    /// consumer's handler right here (in `Inline` mode).
-    fn pushed(self: Arc<Self>);
-}
+/// an ordered handler's drain (`dispatch/ordered.rs`). The registry only
+/// keeps it; the publisher, which pushed, starts the drain.
+pub(crate) type Consumer = Arc<dyn Any + Send + Sync>;
 
 /// A stream subscription's bounded queue, with its overflow policy.
 pub(crate) struct Mailbox<T> {
     /// For an ordered handler: who drains the mailbox. `None` for a stream
     /// read through a `Receiver`.
-    consumer: Option<Arc<dyn Consumer>>,
+    consumer: Option<Consumer>,
     overflow: StreamOverflow,
     /// `Backpressure` only: slots neither occupied nor reserved. A publisher
     /// takes a permit per mailbox before it delivers (reserve, then
@@ -86,7 +83,7 @@ impl<T> Mailbox<T> {
     pub(crate) fn with_consumer(
         capacity: usize,
         overflow: StreamOverflow,
-        consumer: Option<Arc<dyn Consumer>>,
+        consumer: Option<Consumer>,
     ) -> Self {
         Self {
             consumer,
@@ -135,6 +132,7 @@ impl<T> Mailbox<T> {
             return Pushed {
                 dropped: 0,
                 disconnected: false,
+                queued: false,
             };
         }
         if self.closed.load(Ordering::Acquire) {
@@ -142,6 +140,7 @@ impl<T> Mailbox<T> {
             return Pushed {
                 dropped: 1,
                 disconnected: false,
+                queued: false,
             };
         }
         let mut dropped = 0;
@@ -179,16 +178,13 @@ impl<T> Mailbox<T> {
         fence(Ordering::SeqCst);
         if self.reader_gone.load(Ordering::Relaxed) {
             dropped += self.drain();
-        } else if let Some(consumer) = &self.consumer {
-            if !refused {
-                Arc::clone(consumer).pushed();
-            }
-        } else {
+        } else if self.consumer.is_none() {
             self.waker.wake();
         }
         Pushed {
             dropped,
             disconnected,
+            queued: !refused,
         }
     }
 
@@ -196,6 +192,11 @@ impl<T> Mailbox<T> {
     /// delivery in flight until the handler has run).
     pub(crate) fn has_consumer(&self) -> bool {
         self.consumer.is_some()
+    }
+
+    /// The ordered handler's drain that empties this mailbox, if any.
+    pub(crate) fn consumer(&self) -> Option<&Consumer> {
+        self.consumer.as_ref()
     }
 
     /// The mailbox's overflow policy.
@@ -354,6 +355,8 @@ pub(crate) struct Pushed {
     pub(crate) dropped: u64,
     /// It closed the mailbox under `Disconnect`.
     pub(crate) disconnected: bool,
+    /// The message is in the mailbox now.
+    pub(crate) queued: bool,
 }
 
 /// Why [`Mailbox::try_pop`] returned no message.
