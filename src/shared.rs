@@ -47,6 +47,7 @@ use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Weak};
 
+use crossbeam_utils::CachePadded;
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use crate::bus::Bus;
@@ -68,12 +69,51 @@ use crate::sync::{ArcCell, AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard
 use crate::topic::{matches_valid, overlaps, split_shared};
 
 /// One handler member's state, shared by its sink and the group.
-#[derive(Default)]
 struct MemberState {
-    /// The member left: deliveries picked for it go elsewhere.
+    /// The member left: deliveries picked for it go elsewhere. Read on every
+    /// delivery, so kept apart from the counters publishers write.
     left: AtomicBool,
-    /// Deliveries picked for it and not yet finished.
-    load: AtomicUsize,
+    /// Whether the counters are kept: only under `SharePolicy::LeastLoaded`,
+    /// the one policy that reads them (the others touch no shared counter).
+    counts_load: bool,
+    /// Deliveries picked for it (written by publishers)...
+    picked: CachePadded<AtomicUsize>,
+    /// ...and finished (written where they run): the load is the difference,
+    /// and neither side takes the other's cache line to count.
+    finished: CachePadded<AtomicUsize>,
+}
+
+impl MemberState {
+    fn new(policy: SharePolicy) -> Self {
+        Self {
+            left: AtomicBool::new(false),
+            counts_load: policy == SharePolicy::LeastLoaded,
+            picked: CachePadded::new(AtomicUsize::new(0)),
+            finished: CachePadded::new(AtomicUsize::new(0)),
+        }
+    }
+
+    #[inline]
+    fn picked(&self) {
+        if self.counts_load {
+            self.picked.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[inline]
+    fn finished(&self) {
+        if self.counts_load {
+            self.finished.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Deliveries picked and not finished.
+    fn load(&self) -> usize {
+        // `finished` first: every finish follows its pick, so the picks read
+        // after it are at least as many.
+        let finished = self.finished.load(Ordering::Acquire);
+        self.picked.load(Ordering::Relaxed).saturating_sub(finished)
+    }
 }
 
 /// A member of a group.
@@ -123,7 +163,7 @@ impl<T> Member<T> {
 
     fn load(&self) -> usize {
         match self {
-            Member::Handler { state, .. } => state.load.load(Ordering::Relaxed),
+            Member::Handler { state, .. } => state.load(),
             Member::Stream { entry, .. } => entry.sink.len(),
         }
     }
@@ -269,7 +309,7 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
                     .members
                     .with(|members| match group.pick(members, topic) {
                         Some(Member::Handler { set, state, .. }) => {
-                            state.load.fetch_add(1, Ordering::Relaxed);
+                            state.picked();
                             sets.push(Arc::clone(set));
                             reached += 1;
                         }
@@ -313,7 +353,7 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
                     // Not necessarily this publish's message (the member
                     // may have left with others queued): delivered here, on
                     // the publisher's thread, as under `CallerRuns`.
-                    state.load.fetch_add(1, Ordering::Relaxed);
+                    state.picked();
                     deliver_now(&entry.sink, &message, &self.env);
                 }
                 Some(Member::Stream { entry, .. }) => {
@@ -410,7 +450,7 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
     fn hand_over(&self, members: &[Member<T>], group: &Group<T>, message: Arc<Message<T>>) {
         match group.pick(members, message.topic()) {
             Some(Member::Handler { entry, state, .. }) => {
-                state.load.fetch_add(1, Ordering::Relaxed);
+                state.picked();
                 deliver_now(&entry.sink, &message, &self.env);
             }
             Some(Member::Stream { entry, .. }) => {
@@ -496,29 +536,43 @@ struct MemberSink<T, S> {
     counters: Arc<Counters>,
 }
 
-/// Takes one delivery off a member's load when it ends, however it ends.
+/// Takes one delivery off a member's load when an async delivery ends,
+/// however it ends.
 struct Unload(Arc<MemberState>);
 
 impl Drop for Unload {
     fn drop(&mut self) {
-        self.0.load.fetch_sub(1, Ordering::Relaxed);
+        self.0.finished();
+    }
+}
+
+/// [`Unload`] for a delivery that ends within the call (or panics there).
+struct UnloadHere<'a>(&'a MemberState);
+
+impl Drop for UnloadHere<'_> {
+    fn drop(&mut self) {
+        self.0.finished();
     }
 }
 
 impl<T: Send + Sync + 'static, S: Sink<T>> Sink<T> for MemberSink<T, S> {
+    #[inline]
     fn deliver(&self, message: &Arc<Message<T>>) -> Option<BoxFuture> {
-        let unload = Unload(Arc::clone(&self.state));
         if self.state.left.load(Ordering::Acquire) {
-            drop(unload);
+            self.state.finished();
             return self.redirect(message);
         }
-        match self.inner.deliver(message) {
-            None => None,
-            Some(future) => Some(Box::pin(Unloading {
-                future,
-                _unload: unload,
-            })),
+        if !self.state.counts_load {
+            return self.inner.deliver(message);
         }
+        let here = UnloadHere(&self.state);
+        let future = self.inner.deliver(message)?;
+        // Still running: off the load when the future ends instead.
+        std::mem::forget(here);
+        Some(Box::pin(Unloading {
+            future,
+            _unload: Unload(Arc::clone(&self.state)),
+        }))
     }
 }
 
@@ -554,7 +608,7 @@ impl<T: Send + Sync + 'static, S> MemberSink<T, S> {
             .and_then(|(members, group)| group.pick(members, message.topic()));
         match picked {
             Some(Member::Handler { entry, state, .. }) => {
-                state.load.fetch_add(1, Ordering::Relaxed);
+                state.picked();
                 entry.sink.deliver(message)
             }
             Some(Member::Stream { entry, .. }) => {
@@ -595,7 +649,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let filter: Arc<str> = Arc::from(filter);
         let mut control: Option<Arc<dyn EntryControl>> = None;
         shared.join(&filter, |group| {
-            let state = Arc::new(MemberState::default());
+            let state = Arc::new(MemberState::new(self.inner.config.share_policy));
             let entry = Arc::new(Subscriber::new(
                 id,
                 MemberSink {

@@ -474,3 +474,28 @@ fn counters_add_up_with_retained_traffic() {
         assert_eq!(stats.delivered + stats.dropped + stats.handler_panics, 101);
     }
 }
+
+/// Memory per retained topic (run with `--ignored --nocapture`, release):
+/// the figure behind `Config::max_retained`'s documented default.
+#[test]
+#[ignore]
+fn memory_per_retained_topic() {
+    let bus = Bus::<u64>::builder()
+        .delivery(DeliveryMode::Inline)
+        .build()
+        .unwrap();
+    let before = common::rss_kib().unwrap_or(0);
+    let topics = 1_000_000u64;
+    for i in 0..topics {
+        bus.publish_retained(&format!("site/{}/dev/{}/temp", i / 1_000, i % 1_000), i)
+            .unwrap();
+    }
+    let after = common::rss_kib().unwrap_or(0);
+    let per_topic = (after.saturating_sub(before) * 1024) as f64 / topics as f64;
+    eprintln!(
+        "{topics} retained topics (`site/{{s}}/dev/{{d}}/temp`, u64 values): \
+         {} MiB resident, {per_topic:.0} bytes per topic",
+        after.saturating_sub(before) / 1024
+    );
+    assert_eq!(bus.retained_count(), topics as usize);
+}
