@@ -99,8 +99,9 @@ pub enum SharePolicy {
     RoundRobin,
     /// The member with the fewest deliveries queued or running (a stream
     /// member's unread messages; a handler member's deliveries picked and not
-    /// yet finished); ties go to the member that joined first. A slow member
-    /// gets fewer messages. The default: it is what a work pool wants.
+    /// yet finished); ties go round robin, so idle members share the work. A
+    /// slow member gets fewer messages. The default: it is what a work pool
+    /// wants.
     #[default]
     LeastLoaded,
     /// By a hash of the topic name: one topic always goes to the same member

@@ -47,7 +47,6 @@ use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Weak};
 
-use crossbeam_utils::CachePadded;
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use crate::bus::Bus;
@@ -68,51 +67,53 @@ use crate::stats::Counters;
 use crate::sync::{ArcCell, AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::topic::{matches_valid, overlaps, split_shared};
 
+/// Load counters of up to eight handler members of one group, in one cache
+/// line: least loaded reads one line for eight members, where a counter per
+/// member would cost a cache miss per member read. A slot is never reused
+/// (a member that left may still have deliveries finishing); a full table
+/// is replaced by a fresh one for the members that join next, and freed
+/// with its last member.
+#[repr(align(64))]
+struct LoadTable([AtomicUsize; LOAD_SLOTS]);
+
+const LOAD_SLOTS: usize = 8;
+
+impl LoadTable {
+    fn new() -> Self {
+        Self(std::array::from_fn(|_| AtomicUsize::new(0)))
+    }
+}
+
 /// One handler member's state, shared by its sink and the group.
 struct MemberState {
-    /// The member left: deliveries picked for it go elsewhere. Read on every
-    /// delivery, so kept apart from the counters publishers write.
+    /// The member left: deliveries picked for it go elsewhere.
     left: AtomicBool,
-    /// Whether the counters are kept: only under `SharePolicy::LeastLoaded`,
-    /// the one policy that reads them (the others touch no shared counter).
+    /// Whether the load is kept: only under `SharePolicy::LeastLoaded`, the
+    /// one policy that reads it (the others touch no shared counter).
     counts_load: bool,
-    /// Deliveries picked for it (written by publishers)...
-    picked: CachePadded<AtomicUsize>,
-    /// ...and finished (written where they run): the load is the difference,
-    /// and neither side takes the other's cache line to count.
-    finished: CachePadded<AtomicUsize>,
+    /// Its deliveries picked and not yet finished: `table.0[slot]`.
+    table: Arc<LoadTable>,
+    slot: usize,
 }
 
 impl MemberState {
-    fn new(policy: SharePolicy) -> Self {
-        Self {
-            left: AtomicBool::new(false),
-            counts_load: policy == SharePolicy::LeastLoaded,
-            picked: CachePadded::new(AtomicUsize::new(0)),
-            finished: CachePadded::new(AtomicUsize::new(0)),
-        }
-    }
-
     #[inline]
     fn picked(&self) {
         if self.counts_load {
-            self.picked.fetch_add(1, Ordering::Relaxed);
+            self.table.0[self.slot].fetch_add(1, Ordering::Relaxed);
         }
     }
 
     #[inline]
     fn finished(&self) {
         if self.counts_load {
-            self.finished.fetch_add(1, Ordering::Release);
+            self.table.0[self.slot].fetch_sub(1, Ordering::Relaxed);
         }
     }
 
     /// Deliveries picked and not finished.
     fn load(&self) -> usize {
-        // `finished` first: every finish follows its pick, so the picks read
-        // after it are at least as many.
-        let finished = self.finished.load(Ordering::Acquire);
-        self.picked.load(Ordering::Relaxed).saturating_sub(finished)
+        self.table.0[self.slot].load(Ordering::Relaxed)
     }
 }
 
@@ -177,9 +178,28 @@ pub(crate) struct Group<T> {
     /// Round robin's turn, and least loaded's tie-breaker.
     turn: AtomicUsize,
     policy: SharePolicy,
+    /// The load table new handler members take a slot in, and its next
+    /// free slot (changed under the groups' lock only).
+    loads: Mutex<(Arc<LoadTable>, usize)>,
 }
 
 impl<T> Group<T> {
+    /// A new handler member's state, with a load slot of its own.
+    fn member_state(&self) -> MemberState {
+        let mut loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+        if loads.1 == LOAD_SLOTS {
+            *loads = (Arc::new(LoadTable::new()), 0);
+        }
+        let slot = loads.1;
+        loads.1 += 1;
+        MemberState {
+            left: AtomicBool::new(false),
+            counts_load: self.policy == SharePolicy::LeastLoaded,
+            table: Arc::clone(&loads.0),
+            slot,
+        }
+    }
+
     /// Picks the member for a message to `topic` among `members`.
     fn pick<'m>(&self, members: &'m [Member<T>], topic: &str) -> Option<&'m Member<T>> {
         let len = members.len();
@@ -389,6 +409,7 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
                         members: ArcCell::new(Arc::new(Vec::new())),
                         turn: AtomicUsize::new(0),
                         policy: self.policy,
+                        loads: Mutex::new((Arc::new(LoadTable::new()), 0)),
                     });
                     groups
                         .by_filter
@@ -649,7 +670,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let filter: Arc<str> = Arc::from(filter);
         let mut control: Option<Arc<dyn EntryControl>> = None;
         shared.join(&filter, |group| {
-            let state = Arc::new(MemberState::new(self.inner.config.share_policy));
+            let state = Arc::new(group.member_state());
             let entry = Arc::new(Subscriber::new(
                 id,
                 MemberSink {
