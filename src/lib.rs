@@ -140,6 +140,73 @@
 //! # Ok(()) }
 //! ```
 
+//!
+//! # Retained messages
+//! [`Bus::publish_retained`] publishes and keeps the message as its topic's
+//! current value (MQTT's retain flag). A subscription made later (handler
+//! or stream, not shared) receives the retained messages its filter matches
+//! first, marked [`Message::is_retained`], then every later publish: per
+//! topic no gap and no duplicate, even while publishers race the subscribe.
+//! The store holds at most [`Config::max_retained`] topics (the least
+//! recently retained is evicted) and may expire messages
+//! ([`Config::retained_expiry`]); both are counted in [`Stats`]. A subscribe
+//! costs what its filter matches, not what is stored.
+//!
+//! ```
+//! # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
+//! use blazesub::Bus;
+//!
+//! let bus = Bus::<u32>::builder().build()?;
+//! bus.publish_retained("flags/new-checkout", 1)?;
+//! let mut flags = bus.subscribe_stream("flags/#")?; // joins late
+//! let current = flags.recv().await.unwrap();
+//! assert_eq!((*current.data(), current.is_retained()), (1, true));
+//! # Ok(()) }
+//! ```
+//!
+//! # Shared subscriptions
+//! A filter `$share/{group}/{filter}` (MQTT 5) joins a group: each matching
+//! publish goes to exactly one member, picked by [`SharePolicy`] (least
+//! loaded by default; round robin; or by topic hash, which keeps per-topic
+//! order). A member that leaves passes on what was picked or queued for it;
+//! with no member left it is counted as dropped. A work queue, in one line
+//! per worker:
+//!
+//! ```
+//! use blazesub::{Bus, DeliveryMode};
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use std::sync::Arc;
+//!
+//! let bus = Bus::<u32>::builder().delivery(DeliveryMode::Inline).build()?;
+//! let done = Arc::new(AtomicU32::new(0));
+//! let workers: Vec<_> = (0..3)
+//!     .map(|_| {
+//!         let done = Arc::clone(&done);
+//!         bus.subscribe("$share/workers/jobs/#", move |_| {
+//!             done.fetch_add(1, Ordering::Relaxed);
+//!         })
+//!     })
+//!     .collect::<Result<_, _>>()?;
+//! for job in 0..30 {
+//!     assert_eq!(bus.publish("jobs/resize", job)?, 1); // one member, counted once
+//! }
+//! assert_eq!(done.load(Ordering::Relaxed), 30);
+//! # drop(workers);
+//! # Ok::<(), blazesub::Error>(())
+//! ```
+//!
+//! # Request/reply
+//! [`Bus::request`] publishes a message carrying a reply topic
+//! ([`Message::reply_to`], a `$reply/...` topic of its own, so `#` never sees
+//! replies) and waits for the first [`Bus::reply`]; [`Bus::request_many`]
+//! gathers several, and accepts a filter to ask every service it overlaps.
+//! Nobody subscribed is [`Error::NoResponders`] at once; no reply in time is
+//! [`Error::Timeout`] (the bus keeps its own deadlines: no tokio timer
+//! needed). The reply subscription is removed however the request ends,
+//! including when its future is dropped. A request to a shared subscription
+//! goes to one member: a load-balanced service. See [`Bus::request`] for an
+//! example.
+
 #![forbid(unsafe_code)]
 
 mod builder;

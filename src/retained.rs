@@ -86,57 +86,21 @@ struct Slot<T> {
     expires: Option<Instant>,
 }
 
-/// A node's children: a short list while few (most nodes have one or two),
-/// a hash map beyond.
+/// A node's children: a short list of node indices while few (most nodes
+/// have one or two; their levels are read from the nodes, not copied), a
+/// hash map by level beyond.
 enum Children {
-    Few(Vec<(Box<str>, u32)>),
-    Many(FxHashMap<Box<str>, u32>),
+    Few(Vec<u32>),
+    Many(Box<FxHashMap<Box<str>, u32>>),
 }
 
 const FEW: usize = 8;
 
 impl Children {
-    fn get(&self, level: &str) -> Option<u32> {
-        match self {
-            Children::Few(list) => list.iter().find(|(l, _)| &**l == level).map(|&(_, i)| i),
-            Children::Many(map) => map.get(level).copied(),
-        }
-    }
-
-    fn insert(&mut self, level: &str, index: u32) {
-        match self {
-            Children::Few(list) if list.len() < FEW => list.push((level.into(), index)),
-            Children::Few(list) => {
-                let mut map: FxHashMap<Box<str>, u32> = std::mem::take(list).into_iter().collect();
-                map.insert(level.into(), index);
-                *self = Children::Many(map);
-            }
-            Children::Many(map) => {
-                map.insert(level.into(), index);
-            }
-        }
-    }
-
-    fn remove(&mut self, level: &str) {
-        match self {
-            Children::Few(list) => list.retain(|(l, _)| &**l != level),
-            Children::Many(map) => {
-                map.remove(level);
-            }
-        }
-    }
-
     fn is_empty(&self) -> bool {
         match self {
             Children::Few(list) => list.is_empty(),
             Children::Many(map) => map.is_empty(),
-        }
-    }
-
-    fn for_each(&self, mut f: impl FnMut(&str, u32)) {
-        match self {
-            Children::Few(list) => list.iter().for_each(|(l, i)| f(l, *i)),
-            Children::Many(map) => map.iter().for_each(|(l, i)| f(l, *i)),
         }
     }
 }
@@ -297,15 +261,74 @@ impl<T> RetainedStore<T> {
 }
 
 impl<T> Store<T> {
+    /// `node`'s child at `level`.
+    fn child(&self, node: u32, level: &str) -> Option<u32> {
+        match &self.nodes[node as usize].children {
+            Children::Few(list) => list
+                .iter()
+                .copied()
+                .find(|&child| &*self.nodes[child as usize].level == level),
+            Children::Many(map) => map.get(level).copied(),
+        }
+    }
+
+    fn add_child(&mut self, node: u32, level: &str, child: u32) {
+        match &mut self.nodes[node as usize].children {
+            Children::Few(list) if list.len() < FEW => {
+                list.push(child);
+                return;
+            }
+            Children::Many(map) => {
+                map.insert(level.into(), child);
+                return;
+            }
+            Children::Few(_) => {}
+        }
+        // A full short list becomes a map.
+        let Children::Few(list) = std::mem::replace(
+            &mut self.nodes[node as usize].children,
+            Children::Few(Vec::new()),
+        ) else {
+            return;
+        };
+        let mut map: FxHashMap<Box<str>, u32> = list
+            .into_iter()
+            .map(|other| (self.nodes[other as usize].level.clone(), other))
+            .collect();
+        map.insert(level.into(), child);
+        self.nodes[node as usize].children = Children::Many(Box::new(map));
+    }
+
+    fn remove_child(&mut self, node: u32, level: &str, child: u32) {
+        match &mut self.nodes[node as usize].children {
+            Children::Few(list) => list.retain(|&c| c != child),
+            Children::Many(map) => {
+                map.remove(level);
+            }
+        }
+    }
+
+    /// Runs `f` on each child of `node` with its level.
+    fn for_each_child(&self, node: u32, mut f: impl FnMut(&str, u32)) {
+        match &self.nodes[node as usize].children {
+            Children::Few(list) => {
+                for &child in list {
+                    f(&self.nodes[child as usize].level, child);
+                }
+            }
+            Children::Many(map) => map.iter().for_each(|(level, &child)| f(level, child)),
+        }
+    }
+
     /// The node of `topic`, made if missing.
     fn node_for(&mut self, topic: &str) -> u32 {
         let mut node = 0u32;
         for level in topic.split('/') {
-            node = match self.nodes[node as usize].children.get(level) {
+            node = match self.child(node, level) {
                 Some(child) => child,
                 None => {
                     let child = self.alloc(node, level);
-                    self.nodes[node as usize].children.insert(level, child);
+                    self.add_child(node, level, child);
                     child
                 }
             };
@@ -316,7 +339,7 @@ impl<T> Store<T> {
     fn find(&self, topic: &str) -> Option<u32> {
         let mut node = 0u32;
         for level in topic.split('/') {
-            node = self.nodes[node as usize].children.get(level)?;
+            node = self.child(node, level)?;
         }
         Some(node)
     }
@@ -352,7 +375,7 @@ impl<T> Store<T> {
             }
             let parent = n.parent;
             let level = std::mem::take(&mut self.nodes[at as usize].level);
-            self.nodes[parent as usize].children.remove(&level);
+            self.remove_child(parent, &level, at);
             self.free.push(at);
             at = parent;
         }
@@ -381,24 +404,23 @@ impl<T> Store<T> {
                     if depth > 0 {
                         add(&n.slot);
                     }
-                    n.children.for_each(|level, child| {
+                    self.for_each_child(node, |level, child| {
                         if !(depth == 0 && is_system_topic(level)) {
                             subtree.push(child);
                         }
                     });
                     while let Some(inside) = subtree.pop() {
-                        let n = &self.nodes[inside as usize];
-                        add(&n.slot);
-                        n.children.for_each(|_, child| subtree.push(child));
+                        add(&self.nodes[inside as usize].slot);
+                        self.for_each_child(inside, |_, child| subtree.push(child));
                     }
                 }
-                Some(&"+") => n.children.for_each(|level, child| {
+                Some(&"+") => self.for_each_child(node, |level, child| {
                     if !(depth == 0 && is_system_topic(level)) {
                         stack.push((child, depth + 1));
                     }
                 }),
                 Some(level) => {
-                    if let Some(child) = n.children.get(level) {
+                    if let Some(child) = self.child(node, level) {
                         stack.push((child, depth + 1));
                     }
                 }

@@ -452,6 +452,93 @@ proptest! {
     }
 }
 
+/// Expiry in the model: `Age` sleeps past the expiry, so everything retained
+/// before it has expired and nothing retained after it has (a case runs in
+/// milliseconds; the expiry is 150 ms).
+#[derive(Clone, Debug)]
+enum TimedOp {
+    Op(Op),
+    Age,
+}
+
+fn timed_ops() -> impl Strategy<Value = Vec<TimedOp>> {
+    (
+        proptest::collection::vec(op(), 1..25),
+        proptest::collection::vec(op(), 0..25),
+    )
+        .prop_map(|(before, after)| {
+            before
+                .into_iter()
+                .map(TimedOp::Op)
+                .chain(std::iter::once(TimedOp::Age))
+                .chain(after.into_iter().map(TimedOp::Op))
+                .collect()
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    #[test]
+    fn retained_state_follows_the_model_with_expiry(ops in timed_ops(), max in 2usize..5) {
+        const EXPIRY: Duration = Duration::from_millis(150);
+        let bus = Bus::<u64>::builder()
+            .delivery(DeliveryMode::Inline)
+            .max_retained(max)
+            .retained_expiry(EXPIRY)
+            .build()
+            .unwrap();
+        let mut model = Model::default();
+        let mut expired = 0u64;
+        for op in ops {
+            match op {
+                TimedOp::Age => {
+                    std::thread::sleep(EXPIRY + Duration::from_millis(50));
+                    expired += model.retained.len() as u64;
+                    model.retained.clear();
+                    // Expired entries are removed by the next operation.
+                    prop_assert!(bus.retained("#").iter().all(|m| m.topic().starts_with('$')));
+                    let _ = bus.retained("$s/#");
+                    prop_assert_eq!(bus.stats().retained_expired, expired);
+                }
+                TimedOp::Op(Op::Publish(t, v)) => {
+                    bus.publish_retained(TOPICS[t], v).unwrap();
+                    model.clock += 1;
+                    if !model.retained.contains_key(TOPICS[t]) && model.retained.len() >= max {
+                        let oldest = *model
+                            .retained
+                            .iter()
+                            .min_by_key(|(_, (_, order))| *order)
+                            .unwrap()
+                            .0;
+                        model.retained.remove(oldest);
+                        model.evicted += 1;
+                    }
+                    model.retained.insert(TOPICS[t], (v, model.clock));
+                }
+                TimedOp::Op(Op::Plain(t, v)) => {
+                    bus.publish(TOPICS[t], v).unwrap();
+                }
+                TimedOp::Op(Op::Clear(t)) => {
+                    let had = model.retained.remove(TOPICS[t]).is_some();
+                    prop_assert_eq!(bus.clear_retained(TOPICS[t]), had);
+                }
+                TimedOp::Op(Op::Subscribe(f)) => {
+                    let mut rx = bus.subscribe_stream(FILTERS[f]).unwrap();
+                    let got: Vec<(String, u64)> = std::iter::from_fn(|| rx.try_recv().ok())
+                        .map(|m| (m.topic().to_owned(), *m.data()))
+                        .collect();
+                    prop_assert_eq!(&got, &model.snapshot(FILTERS[f]), "filter {}", FILTERS[f]);
+                }
+            }
+            let stats = bus.stats();
+            prop_assert_eq!(stats.retained, model.retained.len() as u64);
+            prop_assert_eq!(stats.retained_evicted, model.evicted);
+            prop_assert_eq!(stats.retained_expired, expired);
+        }
+    }
+}
+
 #[test]
 fn counters_add_up_with_retained_traffic() {
     for mode in MODES {
@@ -473,4 +560,29 @@ fn counters_add_up_with_retained_traffic() {
         assert_eq!(calls.load(Ordering::Relaxed), 101, "{mode:?}");
         assert_eq!(stats.delivered + stats.dropped + stats.handler_panics, 101);
     }
+}
+
+/// Memory per retained topic (run with `--ignored --nocapture`, release):
+/// the figure behind `Config::max_retained`'s documented default.
+#[test]
+#[ignore]
+fn memory_per_retained_topic() {
+    let bus = Bus::<u64>::builder()
+        .delivery(DeliveryMode::Inline)
+        .build()
+        .unwrap();
+    let before = common::rss_kib().unwrap_or(0);
+    let topics = 1_000_000u64;
+    for i in 0..topics {
+        bus.publish_retained(&format!("site/{}/dev/{}/temp", i / 1_000, i % 1_000), i)
+            .unwrap();
+    }
+    let after = common::rss_kib().unwrap_or(0);
+    let per_topic = (after.saturating_sub(before) * 1024) as f64 / topics as f64;
+    eprintln!(
+        "{topics} retained topics (`site/{{s}}/dev/{{d}}/temp`, u64 values): \
+         {} MiB resident, {per_topic:.0} bytes per topic",
+        after.saturating_sub(before) / 1024
+    );
+    assert_eq!(bus.retained_count(), topics as usize);
 }
