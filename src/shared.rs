@@ -554,6 +554,7 @@ struct MemberSink<T, S> {
     inner: S,
     state: Arc<MemberState>,
     group: Weak<Group<T>>,
+    shared: Weak<SharedGroups<T>>,
     counters: Arc<Counters>,
 }
 
@@ -635,11 +636,18 @@ impl<T: Send + Sync + 'static, S> MemberSink<T, S> {
             Some(Member::Stream { entry, .. }) => {
                 counters.retract_delivered(1);
                 let mut back = Vec::new();
-                let mut dropped = entry.sink.push_or_return(Arc::clone(message), &mut back);
-                // A stream member leaving right now: rare enough to drop.
-                dropped += back.len() as u64;
+                let dropped = entry.sink.push_or_return(Arc::clone(message), &mut back);
                 if dropped > 0 {
                     counters.dropped_now(dropped);
+                }
+                // That member is leaving too: pass on what bounced.
+                match (self.shared.upgrade(), &members) {
+                    (Some(shared), Some((_, group))) => {
+                        for bounced in back {
+                            shared.pass_on(group, bounced, counters);
+                        }
+                    }
+                    _ => counters.dropped_now(back.len() as u64),
                 }
                 None
             }
@@ -677,6 +685,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
                     inner: sink,
                     state: Arc::clone(&state),
                     group: Arc::downgrade(group),
+                    shared: Arc::downgrade(shared),
                     counters: Arc::clone(&self.inner.env.counters),
                 },
             ));

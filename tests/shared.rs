@@ -140,7 +140,13 @@ fn members_join_and_leave_under_four_publishers() {
                 done.store(true, Ordering::Relaxed);
                 let rounds = churn.join().unwrap();
                 assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
-                hits.assert_exactly_once(&format!("{what} ({rounds} churn rounds)"));
+                if let Some((id, got)) = hits.first_mismatch(|_| 1) {
+                    panic!(
+                        "{what} ({rounds} churn rounds): message {id} was delivered {got} \
+                         times, expected exactly once; {:?}",
+                        bus.stats()
+                    );
+                }
                 let stats = bus.stats();
                 assert_eq!(stats.dropped, 0, "{what}");
                 assert_eq!(stats.delivered, u64::from(TOTAL), "{what}");
