@@ -118,30 +118,31 @@ fn finish(
     async move {
         record(CatchUnwind(future).await, &mut outcome.tally);
         outcome.settled = true;
-        drop(outcome);
+        // The slot first, then the count: a publisher that sees the delivery
+        // finished finds the slot free.
         drop(permit);
+        drop(outcome);
     }
 }
 
-/// Awaits pending deliveries inside a task runner, all at once. Each is
-/// counted when it ends; any still pending if this future is dropped (the
-/// runtime shutting down) are counted as dropped.
-pub(super) async fn finish_here(futures: Vec<BoxFuture>, env: &Arc<Env>) {
+/// Awaits pending deliveries inside a task runner, all at once, adding each
+/// outcome to `tally` (which the runner reports once its task slot is free);
+/// any still pending if this future is dropped (the runtime shutting down)
+/// are counted as dropped at once.
+pub(super) async fn finish_here(futures: Vec<BoxFuture>, env: &Arc<Env>, tally: &mut Tally) {
     let mut here = AwaitedHere {
         pending: futures.into_iter().map(CatchUnwind).collect(),
         env: Arc::clone(env),
     };
     std::future::poll_fn(|cx| {
-        let mut tally = Tally::default();
         here.pending
             .retain_mut(|future| match Pin::new(future).poll(cx) {
                 Poll::Pending => true,
                 Poll::Ready(outcome) => {
-                    record(outcome, &mut tally);
+                    record(outcome, tally);
                     false
                 }
             });
-        here.env.counters.add(&tally);
         if here.pending.is_empty() {
             Poll::Ready(())
         } else {

@@ -73,44 +73,53 @@ fn spawn_runner<T: Send + Sync + 'static>(
     // shutting down, or already gone) still accounts for its job.
     let mut task = RunnerTask {
         job,
-        permit,
+        permit: Some(permit),
         ran: false,
+        tally: Tally::default(),
     };
     let task_handle = handle.clone();
     handle.spawn(async move {
-        let env = Arc::clone(task.permit.env());
-        let mut tally = Tally::default();
+        let env = Arc::clone(task.env());
         let awaited = {
             let mut runner = TaskModeRunner::new(&task_handle, &task.job, &env, Place::Task);
-            task.job.run(&env, &mut runner, &mut tally);
+            task.job.run(&env, &mut runner, &mut task.tally);
             std::mem::take(&mut runner.awaited)
         };
         task.ran = true;
-        env.counters.add(&tally);
-        // Pending deliveries the cap kept from becoming tasks of their own;
-        // they account for themselves, even if this task is dropped.
+        // Pending deliveries the cap kept from becoming tasks of their own.
         if !awaited.is_empty() {
-            pending::finish_here(awaited, &env).await;
+            pending::finish_here(awaited, &env, &mut task.tally).await;
         }
+        // Its drop gives the task slot back, then reports the tally.
         drop(task);
     });
 }
 
-/// A runner task's hold on its job and its task slot. Dropped without having
-/// run (the runtime shut down before polling it), it claims the units left
-/// in the job and counts their deliveries as dropped, so nothing accepted
-/// vanishes uncounted and `inflight` returns to zero.
+/// A runner task's hold on its job and its task slot, and what it did.
+/// Dropped, it gives the slot back *before* reporting its deliveries as
+/// finished, so a publisher that sees `inflight` reach zero finds the slot
+/// free. Dropped without having run (the runtime shut down before polling
+/// it), it claims the units left in the job and counts their deliveries as
+/// dropped, so nothing accepted vanishes uncounted and `inflight` returns to
+/// zero.
 struct RunnerTask<T: Send + Sync + 'static> {
     job: Arc<Fanout<T>>,
-    permit: TaskPermit,
+    permit: Option<TaskPermit>,
     ran: bool,
+    tally: Tally,
+}
+
+impl<T: Send + Sync + 'static> RunnerTask<T> {
+    fn env(&self) -> &Arc<Env> {
+        self.permit.as_ref().expect("held until drop").env()
+    }
 }
 
 impl<T: Send + Sync + 'static> Drop for RunnerTask<T> {
     fn drop(&mut self) {
+        let env = Arc::clone(self.env());
         if !self.ran {
-            let mut tally = Tally::default();
-            let dropped = self.job.drop_units(&mut tally);
+            let dropped = self.job.drop_units(&mut self.tally);
             if dropped > 0 {
                 tracing::warn!(
                     topic = self.job.topic(),
@@ -118,8 +127,9 @@ impl<T: Send + Sync + 'static> Drop for RunnerTask<T> {
                     "the runtime dropped a delivery task before it ran; its deliveries are counted as dropped"
                 );
             }
-            self.permit.env().counters.add(&tally);
         }
+        drop(self.permit.take());
+        env.counters.add(&self.tally);
     }
 }
 
