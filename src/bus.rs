@@ -129,9 +129,10 @@ impl<T: Send + Sync + 'static> Bus<T> {
         handle: Option<tokio::runtime::Handle>,
     ) -> Result<Self, Error> {
         config.validate()?;
+        let quiescence = Arc::new(Quiescence::new());
         let env = Arc::new(Env {
             counters: Arc::new(Counters::new()),
-            quiescence: Arc::new(Quiescence::new()),
+            quiescence: Arc::clone(&quiescence),
             workers: config.workers,
             handle,
             tasks: TaskGauge::new(config.max_inflight_tasks),
@@ -145,7 +146,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 requests: Requests::new(),
                 policy: Policy::new(&config),
                 routes: RouteCache::new(config.route_cache_capacity),
-                trie: Arc::new(Trie::new()),
+                trie: Arc::new(Trie::with_quiescence(quiescence)),
                 env,
                 dispatcher,
                 next_id: AtomicU64::new(1),
@@ -293,13 +294,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ) -> Subscription {
         let trie = Arc::downgrade(&self.inner.trie);
         let registry: std::sync::Weak<dyn Registry> = trie;
-        Subscription::new(
-            entry,
-            filter,
-            registry,
-            Arc::clone(&self.inner.env.quiescence),
-            kind,
-        )
+        Subscription::new(entry, filter, registry, kind)
     }
 
     /// Subscribes an *ordered* handler: its calls never overlap, and each

@@ -27,7 +27,6 @@ use std::fmt;
 use std::sync::{Arc, Weak};
 
 use crate::registry::entry::EntryControl;
-use crate::registry::quiesce::Quiescence;
 use crate::registry::{Kind, Registry};
 
 /// A live subscription. Dropping it unsubscribes.
@@ -58,9 +57,6 @@ pub struct Subscription {
     filter: Arc<str>,
     /// The trie it is in, weakly: a handle does not keep the bus alive.
     registry: Weak<dyn Registry>,
-    /// The bus's runners, for [`Subscription::unsubscribe_and_wait`] (held
-    /// strongly: runners may outlive the bus's last handle).
-    quiescence: Arc<Quiescence>,
     kind: Kind,
     armed: bool,
 }
@@ -70,14 +66,12 @@ impl Subscription {
         entry: Arc<dyn EntryControl>,
         filter: Arc<str>,
         registry: Weak<dyn Registry>,
-        quiescence: Arc<Quiescence>,
         kind: Kind,
     ) -> Self {
         Self {
             entry,
             filter,
             registry,
-            quiescence,
             kind,
             armed: true,
         }
@@ -168,10 +162,17 @@ impl Subscription {
             self.remove(true);
         }
         let running = self.entry.running();
-        let quiescence = Arc::clone(&self.quiescence);
+        // With the bus gone there is no grace period to wait for (only what
+        // its workers still had queued could run).
+        let quiescence = self
+            .registry
+            .upgrade()
+            .map(|registry| registry.quiescence());
         drop(self);
         async move {
-            quiescence.wait_for_readers().await;
+            if let Some(quiescence) = quiescence {
+                quiescence.wait_for_readers().await;
+            }
             if let Some(running) = running {
                 running.wait_idle().await;
             }

@@ -97,6 +97,10 @@ pub(crate) trait EntryControl: Send + Sync {
     fn deactivate(&self) -> bool;
     /// See [`Sink::running`].
     fn running(&self) -> Option<Arc<Running>>;
+    /// Whether dropping the entry releases anything of the user's (its sink
+    /// has drop glue: a closure capturing an `Arc`, a `Sender`, a mailbox).
+    /// Only then is it worth compacting its set at once on removal.
+    fn owns_resources(&self) -> bool;
 }
 
 impl<T, S: Tracked + Send + Sync> EntryControl for Subscriber<T, S> {
@@ -110,6 +114,10 @@ impl<T, S: Tracked + Send + Sync> EntryControl for Subscriber<T, S> {
 
     fn running(&self) -> Option<Arc<Running>> {
         self.sink.running()
+    }
+
+    fn owns_resources(&self) -> bool {
+        std::mem::needs_drop::<S>()
     }
 }
 

@@ -22,9 +22,9 @@
 //!   set on every publish: a set that grows or is compacted is picked up
 //!   at once, and an old set is pinned only by publishes still running on it.
 //! - **Removed entries are released promptly.** A set is compacted (rebuilt
-//!   from its live entries) on every removal while it is small
-//!   ([`EAGER_COMPACTION_LEN`] entries or fewer), and once half of it is dead
-//!   otherwise, so each removal costs O(1) copies on average; a pruned
+//!   from its live entries) on every removal of an entry that owns something
+//!   while the set is small ([`EAGER_COMPACTION_LEN`] entries or fewer), and
+//!   once half of it is dead otherwise, so each removal costs O(1) copies on average; a pruned
 //!   node's sets are emptied. A removed handler's closure is therefore
 //!   dropped once the publishes already running on its old set finish.
 //! - **The generation** is bumped, after the change is visible, whenever a
@@ -46,15 +46,24 @@ use smallvec::SmallVec;
 
 use super::entry::{EntryControl, Sink, Subscriber};
 use super::mailbox::Mailbox;
+use super::quiesce::Quiescence;
 use super::subset::{HandlerSet, StreamSet, SubSet};
 use super::{Kind, Registry};
 use crate::sync::{ArcCell, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::topic::is_system_topic;
 
-/// A set this long or shorter is compacted on every removal, so a removed
-/// entry (and the closure it owns) is released at once; copying this many
-/// entries costs well under a microsecond.
+/// A set this long or shorter is compacted on every removal of an entry that
+/// owns something (its closure has drop glue), so that closure is released
+/// at once; copying this many entries costs well under a microsecond. An
+/// entry with nothing to release (a closure capturing nothing, or only
+/// `Copy` data) waits for the ordinary compaction, which keeps
+/// subscribe/unsubscribe churn as cheap as before.
 pub(crate) const EAGER_COMPACTION_LEN: usize = 64;
+
+/// Dead entries a set tolerates before an ordinary compaction, whatever its
+/// size (a set is rebuilt once its dead entries reach this and outnumber the
+/// live ones).
+const MIN_DEAD_BEFORE_REBUILD: usize = 8;
 
 /// Things a writer replaced, dropped once the writer lock is released (see
 /// the module docs). Inline storage: a subscribe or unsubscribe allocates
@@ -222,6 +231,8 @@ struct Writer<T> {
 }
 
 pub(crate) struct Trie<T> {
+    /// The bus's runners, for handles that wait for them.
+    quiescence: Arc<Quiescence>,
     root: ArcCell<Node<T>>,
     generation: AtomicU64,
     nodes: AtomicUsize,
@@ -235,8 +246,15 @@ pub(crate) enum InsertError {
 }
 
 impl<T: 'static> Trie<T> {
+    #[cfg(all(test, loom))]
     pub(crate) fn new() -> Self {
+        Self::with_quiescence(Arc::new(Quiescence::new()))
+    }
+
+    /// A trie whose handles wait for the bus's runners through `quiescence`.
+    pub(crate) fn with_quiescence(quiescence: Arc<Quiescence>) -> Self {
         Self {
+            quiescence,
             root: ArcCell::new(Arc::new(Node::empty())),
             generation: AtomicU64::new(0),
             nodes: AtomicUsize::new(0),
@@ -414,7 +432,9 @@ impl<T: 'static> Trie<T> {
             let new_root = with_subs(&root, filter.split('/'), None, &mut created);
             released.roots.push(root);
             self.replace_root(new_root, created, released);
-        } else if set.len() <= EAGER_COMPACTION_LEN || set.dead() >= set.live() {
+        } else if (entry.owns_resources() && set.len() <= EAGER_COMPACTION_LEN)
+            || set.dead() >= MIN_DEAD_BEFORE_REBUILD.max(set.live())
+        {
             K::release(released, cell.swap(Arc::new(set.compacted())));
         }
         released.nodes.push(subs);
@@ -483,6 +503,10 @@ impl<T: Send + Sync + 'static> Registry for Trie<T> {
             Kind::Handlers => Trie::compact::<Handlers>(self, filter),
             Kind::Streams => Trie::compact::<Streams>(self, filter),
         }
+    }
+
+    fn quiescence(&self) -> Arc<Quiescence> {
+        Arc::clone(&self.quiescence)
     }
 }
 
