@@ -638,7 +638,7 @@ fn close_from_a_handler_waits_for_everything_else_only() {
         let slow_flag = Arc::clone(&slow_done);
         let _closer = if sync {
             bus.subscribe("close", move |_| {
-                let result = block_on(inner.close());
+                let result = common::block_on(inner.close());
                 assert!(result.is_ok(), "{result:?}");
                 saw.store(slow_flag.load(Ordering::SeqCst), Ordering::SeqCst);
                 closed_flag.arrive();
@@ -721,23 +721,4 @@ fn inline_recursion_is_bounded_and_counted() {
     assert_eq!(bus.stats().recursion_refused, 1);
     assert_eq!(deepest.load(Ordering::SeqCst), 64);
     drop(sub); // releases the handler's bus clone
-}
-
-/// A tiny executor: polls `future` on this thread, parking between polls.
-fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = std::task::Context::from_waker(&waker);
-    let mut future = std::pin::pin!(future);
-    loop {
-        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-            return output;
-        }
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
 }

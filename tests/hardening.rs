@@ -551,7 +551,7 @@ fn a_handler_waiting_on_its_own_unsubscribe_does_not_deadlock() {
             bus.subscribe("self/sync", move |_| {
                 let own = slot.lock().unwrap().take();
                 if let Some(own) = own {
-                    block_on(own.unsubscribe_and_wait());
+                    common::block_on(own.unsubscribe_and_wait());
                     done.arrive();
                 }
             })
@@ -567,25 +567,6 @@ fn a_handler_waiting_on_its_own_unsubscribe_does_not_deadlock() {
             "{mode:?}: a sync handler waits for itself"
         );
         publisher.join().unwrap();
-    }
-}
-
-/// A tiny executor: polls `future` on this thread, parking between polls.
-fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = std::task::Context::from_waker(&waker);
-    let mut future = std::pin::pin!(future);
-    loop {
-        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-            return output;
-        }
-        std::thread::park_timeout(Duration::from_millis(10));
     }
 }
 

@@ -13,7 +13,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use blazesub::{Batch, Bus, DeliveryMode, Error, Message, Metadata, Receiver, Subscription};
-use common::{wait_until, Gate, Hits, MODES};
+use common::{block_on, wait_until, Gate, Hits, MODES};
 
 /// Things the design promises about the handle types.
 #[test]
@@ -406,25 +406,6 @@ async fn close_times_out_on_a_stuck_handler() {
         bus.close().await.unwrap();
         assert_eq!(done.load(Ordering::SeqCst), 1, "{mode:?}");
         assert_eq!(bus.stats().delivered, 1, "{mode:?}");
-    }
-}
-
-/// A tiny executor: polls `future` on this thread, parking between polls.
-fn block_on<F: Future>(future: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = std::task::Context::from_waker(&waker);
-    let mut future = std::pin::pin!(future);
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-            return output;
-        }
-        std::thread::park_timeout(Duration::from_millis(100));
     }
 }
 

@@ -291,3 +291,24 @@ impl Drop for QuietPanics {
         }
     }
 }
+
+/// A tiny executor: polls `future` on this thread, parking between polls
+/// (for code that must block where no tokio runtime may: a handler on a pool
+/// worker, a plain thread).
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}
