@@ -594,11 +594,12 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// # Ok(()) }
     /// ```
     pub async fn publish_async(&self, topic: &str, data: T) -> Result<usize, Error> {
-        validate_topic(topic)?;
-        self.check_open()?;
         if !self.inner.env.counters.has_lossless_streams() {
             return self.publish(topic, data);
         }
+        // Checked before waiting for room (the publish checks them again).
+        validate_topic(topic)?;
+        self.check_open()?;
         let route = self.inner.routes.route(&self.inner.trie, topic);
         let reservations = reserve_waiting(&route).await;
         drop(route);
