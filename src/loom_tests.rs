@@ -20,6 +20,9 @@
 //!   a reader waiting for a message is always woken by the push itself (loom
 //!   reports a deadlock otherwise); and a push racing the receiver's drop is
 //!   counted as dropped exactly once, by the push or by the drop;
+//! - a subscribe racing the bus's first retained publish (which a subscribe
+//!   made before it skips the store's lock for) gets the message exactly
+//!   once, from its snapshot or live;
 //! - the worker pool: every delivery runs exactly once whether the queue has
 //!   room or the publisher runs the job itself, the close barrier sees
 //!   `inflight` reach zero (a missed wake-up would deadlock), and the workers
@@ -269,5 +272,32 @@ fn loom_pool_delivers_everything_and_stops() {
         let stats = env.counters.snapshot();
         assert_eq!((stats.delivered, stats.inflight), (4, 0));
         dispatcher.shut_down();
+    });
+}
+
+#[test]
+fn loom_subscribe_racing_the_first_retained_publish_gets_it_once() {
+    model(|| {
+        let bus = crate::Bus::<u32>::builder()
+            .delivery(DeliveryMode::Inline)
+            .build()
+            .unwrap();
+        let seen = Arc::new(StdAtomicUsize::new(0));
+        let publisher = {
+            let bus = bus.clone();
+            thread::spawn(move || {
+                bus.publish_retained("a", 1).unwrap();
+            })
+        };
+        let counter = Arc::clone(&seen);
+        let subscription = bus
+            .subscribe("a", move |_: &Message<u32>| {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            })
+            .unwrap();
+        publisher.join().unwrap();
+        // Through the snapshot or live, never both, never neither.
+        assert_eq!(seen.load(std::sync::atomic::Ordering::Relaxed), 1);
+        drop(subscription);
     });
 }

@@ -45,6 +45,17 @@
 //! backlog (up to `Config::stream_capacity`; beyond it they are delivered at
 //! once, still exactly once) and are delivered after it, in arrival order.
 //!
+//! # Before the first retained message
+//! Most buses never retain anything, and their subscribes should not pay for
+//! the store's lock. Until a retained publish begins, a subscribe takes no
+//! snapshot and skips `R`; its trie insert checks, under the trie's writer
+//! lock, that no retained publish has begun, and starts over the ordinary
+//! way if one has. The first retained publish sets that flag and passes
+//! through the trie's writer lock before storing its message: a subscribe
+//! whose check saw no flag finished its insert before that, so the
+//! publish's lookup finds it (a live delivery, no gap); one that checks
+//! later sees the flag.
+//!
 //! What the store replaces, evicts or lets expire, and what the trie insert
 //! replaces, is dropped after `R` is released: a message's value is user
 //! data whose `Drop` may do anything.
@@ -120,6 +131,10 @@ struct Store<T> {
 /// The bus's retained messages.
 pub(crate) struct RetainedStore<T> {
     store: Mutex<Store<T>>,
+    /// Whether a retained publish has begun on this bus. Until then a
+    /// subscribe skips the store (nothing to snapshot) and its lock: see
+    /// "Before the first retained message" in the module docs.
+    in_use: AtomicBool,
     /// Topics retained, for `Stats` (written under the lock).
     len: AtomicUsize,
     max: usize,
@@ -150,10 +165,16 @@ impl<T> RetainedStore<T> {
                 by_seq: BTreeMap::new(),
                 seq: 0,
             }),
+            in_use: AtomicBool::new(false),
             len: AtomicUsize::new(0),
             max: config.max_retained,
             expiry: config.retained_expiry,
         }
+    }
+
+    /// Whether a retained publish has begun on this bus.
+    fn in_use(&self) -> bool {
+        self.in_use.load(Ordering::Relaxed)
     }
 
     /// Topics retained now.
@@ -532,6 +553,13 @@ impl<T: Send + Sync + 'static> Bus<T> {
         if let Err(error) = validate_topic(topic) {
             return Err(Rejected::with_value(error.into(), data));
         }
+        if !inner.retained.in_use() {
+            // Subscribes that skipped the store read this flag under the
+            // trie's writer lock; passing through that lock orders each of
+            // them before this message is stored and its route looked up.
+            inner.retained.in_use.store(true, Ordering::Relaxed);
+            inner.trie.barrier();
+        }
         let name = Arc::clone(&inner.routes.route(&inner.trie, topic).topic);
         let mut garbage = Garbage::new();
         let message = inner.retained.retain(
@@ -625,49 +653,65 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ) -> Result<Subscription, Error> {
         let inner = &*self.inner;
         let env = &inner.env;
-        let mut garbage = Garbage::new();
-        let mut released = Released::new();
+        let mut sink = Some(sink);
         let mut made: Option<(Arc<dyn EntryControl>, Arc<str>)> = None;
         let mut primed: Option<Arc<Subscriber<T, Primed<T, S>>>> = None;
-        // The entry-makers own the user's handler: if the bus is closed they
-        // come back unused, and are dropped after the store's lock.
-        let mut plain = None;
-        let mut wrapped = None;
-        let store = inner.retained.lock_fresh(&mut garbage, &env.counters);
-        let snapshot = Snapshot {
-            messages: store.matching(filter),
-            after: store.seq,
-        };
-        let inserted = if snapshot.messages.is_empty() {
-            plain = Some(|filter: Arc<str>| {
-                let entry = Arc::new(Subscriber::new(id, sink));
-                made = Some((Arc::clone(&entry) as Arc<dyn EntryControl>, filter));
-                entry as HandlerEntry<T>
-            });
-            inner
-                .trie
-                .insert_keeping::<Handlers>(filter, &mut plain, &mut released)
-        } else {
-            let sink = Primed {
-                inner: sink,
-                after: snapshot.after,
-                ready: AtomicBool::new(false),
-                backlog: Mutex::new(VecDeque::new()),
-                capacity: inner.config.stream_capacity,
+        let snapshot = loop {
+            let mut garbage = Garbage::new();
+            let mut released = Released::new();
+            // The entry-makers borrow the user's handler: if the bus is
+            // closed it stays in `sink`, dropped after the store's lock.
+            let mut plain = None;
+            let mut wrapped = None;
+            let skip_store = !inner.retained.in_use();
+            let store =
+                (!skip_store).then(|| inner.retained.lock_fresh(&mut garbage, &env.counters));
+            let snapshot = Snapshot {
+                messages: store.as_ref().map_or_else(Vec::new, |s| s.matching(filter)),
+                after: store.as_ref().map_or(0, |s| s.seq),
             };
-            wrapped = Some(|filter: Arc<str>| {
-                let entry = Arc::new(Subscriber::new(id, sink));
-                made = Some((Arc::clone(&entry) as Arc<dyn EntryControl>, filter));
-                primed = Some(Arc::clone(&entry));
-                entry as HandlerEntry<T>
-            });
-            inner
-                .trie
-                .insert_keeping::<Handlers>(filter, &mut wrapped, &mut released)
+            let after = snapshot.after;
+            let refuse = || skip_store && inner.retained.in_use();
+            let inserted = if snapshot.messages.is_empty() {
+                plain = Some(|filter: Arc<str>| {
+                    let sink = sink.take().expect("the trie makes one entry");
+                    let entry = Arc::new(Subscriber::new(id, sink));
+                    made = Some((Arc::clone(&entry) as Arc<dyn EntryControl>, filter));
+                    entry as HandlerEntry<T>
+                });
+                inner
+                    .trie
+                    .insert_keeping::<Handlers>(filter, &mut plain, &mut released, refuse)
+            } else {
+                wrapped = Some(|filter: Arc<str>| {
+                    let sink = Primed {
+                        inner: sink.take().expect("the trie makes one entry"),
+                        after,
+                        ready: AtomicBool::new(false),
+                        backlog: Mutex::new(VecDeque::new()),
+                        capacity: inner.config.stream_capacity,
+                    };
+                    let entry = Arc::new(Subscriber::new(id, sink));
+                    made = Some((Arc::clone(&entry) as Arc<dyn EntryControl>, filter));
+                    primed = Some(Arc::clone(&entry));
+                    entry as HandlerEntry<T>
+                });
+                inner
+                    .trie
+                    .insert_keeping::<Handlers>(filter, &mut wrapped, &mut released, refuse)
+            };
+            drop(store);
+            drop((plain, wrapped, released, garbage));
+            match inserted {
+                Ok(true) => break snapshot,
+                // A retained publish began since the check: take a snapshot.
+                Ok(false) => continue,
+                Err(InsertError::Closed) => {
+                    drop(sink);
+                    return Err(Error::Closed);
+                }
+            }
         };
-        drop(store);
-        drop((plain, wrapped, released, garbage));
-        inserted.map_err(|InsertError::Closed| Error::Closed)?;
         let (control, filter) = made.expect("the trie made the entry");
         let subscription = self.handle(control, filter, Kind::Handlers);
         if let Some(entry) = primed {
@@ -710,36 +754,47 @@ impl<T: Send + Sync + 'static> Bus<T> {
         }
         let inner = &*self.inner;
         let counters = &inner.env.counters;
-        let mut garbage = Garbage::new();
-        let mut released = Released::new();
         let mut made = None;
-        let store = inner.retained.lock_fresh(&mut garbage, counters);
-        let messages = store.matching(filter);
-        let mailbox = if messages.is_empty() {
-            Mailbox::with_overflow(capacity, overflow)
-        } else {
-            Mailbox::primed(capacity, overflow, store.seq)
-        };
-        // The newest `capacity` fit; the older ones are lost, counted.
-        let skipped = messages.len().saturating_sub(capacity);
-        if skipped > 0 {
-            mailbox.count_lost(skipped as u64);
-            counters.dropped_now(skipped as u64);
+        loop {
+            let mut garbage = Garbage::new();
+            let mut released = Released::new();
+            let skip_store = !inner.retained.in_use();
+            let store = (!skip_store).then(|| inner.retained.lock_fresh(&mut garbage, counters));
+            let messages = store.as_ref().map_or_else(Vec::new, |s| s.matching(filter));
+            let mailbox = match &store {
+                Some(store) if !messages.is_empty() => {
+                    Mailbox::primed(capacity, overflow, store.seq)
+                }
+                _ => Mailbox::with_overflow(capacity, overflow),
+            };
+            // The newest `capacity` fit; the older ones are lost, counted.
+            let skipped = messages.len().saturating_sub(capacity);
+            if skipped > 0 {
+                mailbox.count_lost(skipped as u64);
+                counters.dropped_now(skipped as u64);
+            }
+            for origin in &messages[skipped..] {
+                mailbox.push(Arc::new(Message::retained_copy(origin)), None);
+            }
+            let mut make = Some(|filter: Arc<str>| {
+                let entry = Arc::new(Subscriber::new(id, mailbox));
+                made = Some((Arc::clone(&entry), filter));
+                entry
+            });
+            let refuse = || skip_store && inner.retained.in_use();
+            let inserted =
+                inner
+                    .trie
+                    .insert_keeping::<Streams>(filter, &mut make, &mut released, refuse);
+            drop(store);
+            drop((make, messages, released, garbage));
+            match inserted {
+                Ok(true) => break,
+                // A retained publish began since the check: take a snapshot.
+                Ok(false) => continue,
+                Err(InsertError::Closed) => return Err(Error::Closed),
+            }
         }
-        for origin in &messages[skipped..] {
-            mailbox.push(Arc::new(Message::retained_copy(origin)), None);
-        }
-        let mut make = Some(|filter: Arc<str>| {
-            let entry = Arc::new(Subscriber::new(id, mailbox));
-            made = Some((Arc::clone(&entry), filter));
-            entry
-        });
-        let inserted = inner
-            .trie
-            .insert_keeping::<Streams>(filter, &mut make, &mut released);
-        drop(store);
-        drop((make, messages, released, garbage));
-        inserted.map_err(|InsertError::Closed| Error::Closed)?;
         let (entry, filter) = made.expect("insert made the entry");
         Ok(self.receiver(entry, filter))
     }

@@ -325,39 +325,41 @@ fn validate_shared(whole: &str, rest: &str) -> Result<(), TopicError> {
 
 /// [`validate_filter`] for a filter that is not shared.
 fn validate_plain_filter(filter: &str) -> Result<(), TopicError> {
-    if let Some(offset) = filter.bytes().position(|b| b == b'\0') {
-        return Err(TopicError::new(
-            TopicKind::Filter,
-            filter,
-            TopicRule::Nul { offset },
-        ));
-    }
-    let mut levels = filter.split('/').enumerate().peekable();
-    while let Some((index, level)) = levels.next() {
-        let level_no = index + 1;
-        match level {
-            "+" => {}
-            "#" if levels.peek().is_some() => {
-                return Err(TopicError::new(
-                    TopicKind::Filter,
-                    filter,
-                    TopicRule::HashNotLast { level: level_no },
-                ));
+    // One pass over the bytes (every subscribe runs it); the rare failure
+    // path then reports what the rules put first: a NUL anywhere.
+    let bytes = filter.as_bytes();
+    let mut level_start = 0;
+    let mut level = 1;
+    for (offset, &byte) in bytes.iter().enumerate() {
+        let rule = match byte {
+            b'/' => {
+                level_start = offset + 1;
+                level += 1;
+                continue;
             }
-            "#" => {}
-            _ => {
-                if let Some(wildcard) = level.chars().find(|c| matches!(c, '+' | '#')) {
-                    return Err(TopicError::new(
-                        TopicKind::Filter,
-                        filter,
-                        TopicRule::WildcardNotWholeLevel {
-                            level: level_no,
-                            wildcard,
-                        },
-                    ));
+            b'\0' => TopicRule::Nul { offset },
+            b'+' | b'#' => {
+                let next = bytes.get(offset + 1);
+                if offset != level_start || next.is_some_and(|&n| n != b'/') {
+                    TopicRule::WildcardNotWholeLevel {
+                        level,
+                        wildcard: char::from(byte),
+                    }
+                } else if byte == b'#' && next.is_some() {
+                    TopicRule::HashNotLast { level }
+                } else {
+                    continue;
                 }
             }
-        }
+            _ => continue,
+        };
+        let rule = match bytes[offset..].iter().position(|&b| b == b'\0') {
+            Some(nul) => TopicRule::Nul {
+                offset: offset + nul,
+            },
+            None => rule,
+        };
+        return Err(TopicError::new(TopicKind::Filter, filter, rule));
     }
     Ok(())
 }
@@ -443,6 +445,43 @@ pub(crate) fn is_system_topic(topic: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The rules of a plain filter as MQTT states them, level by level: the
+    /// oracle of the one-pass `validate_plain_filter`.
+    fn plain_filter_by_levels(filter: &str) -> Result<(), TopicError> {
+        let fail = |rule| Err(TopicError::new(TopicKind::Filter, filter, rule));
+        if let Some(offset) = filter.bytes().position(|b| b == b'\0') {
+            return fail(TopicRule::Nul { offset });
+        }
+        let levels: Vec<&str> = filter.split('/').collect();
+        for (index, text) in levels.iter().enumerate() {
+            let level = index + 1;
+            match *text {
+                "+" => {}
+                "#" if level < levels.len() => return fail(TopicRule::HashNotLast { level }),
+                "#" => {}
+                _ => {
+                    if let Some(wildcard) = text.chars().find(|c| matches!(c, '+' | '#')) {
+                        return fail(TopicRule::WildcardNotWholeLevel { level, wildcard });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[cfg(not(loom))]
+    proptest::proptest! {
+        #[test]
+        fn one_pass_filter_check_agrees_with_the_level_rules(
+            filter in "[a/+#\\x00é]{0,12}"
+        ) {
+            proptest::prop_assert_eq!(
+                validate_plain_filter(&filter),
+                plain_filter_by_levels(&filter)
+            );
+        }
+    }
 
     #[test]
     fn overlapping_filters() {

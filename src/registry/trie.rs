@@ -333,16 +333,35 @@ impl<T: 'static> Trie<T> {
     }
 
     /// [`Self::insert`], leaving what the insert replaced in `released`, and
-    /// the entry-maker in `make` if the bus is closed, for the caller to
-    /// drop once it holds no lock of its own either (the retained store
-    /// subscribes under its lock; see `retained.rs`).
+    /// the entry-maker in `make` if the bus is closed or `refuse` said no,
+    /// for the caller to drop once it holds no lock of its own either (the
+    /// retained store subscribes under its lock; see `retained.rs`).
+    ///
+    /// `refuse` runs under the writer lock, before anything changes: a
+    /// caller that decided something without a lock of its own checks here
+    /// that it still holds, ordered against [`Self::barrier`]. Returns
+    /// `Ok(false)` if it refused.
     pub(crate) fn insert_keeping<K: SetKind<T>>(
         &self,
         filter: &str,
         make: &mut Option<impl FnOnce(Arc<str>) -> Arc<Subscriber<T, K::Sink>>>,
         released: &mut Released<T>,
-    ) -> Result<(), InsertError> {
-        self.insert_locked::<K>(&mut self.lock(), filter, make, released)
+        refuse: impl FnOnce() -> bool,
+    ) -> Result<bool, InsertError> {
+        let mut writer = self.lock();
+        if !writer.closed && refuse() {
+            return Ok(false);
+        }
+        self.insert_locked::<K>(&mut writer, filter, make, released)
+            .map(|()| true)
+    }
+
+    /// Passes through the writer lock: every insert whose critical section
+    /// began before this call is visible to lookups made after it returns,
+    /// and every later one sees what was stored before the call (the gate
+    /// `insert_keeping`'s `refuse` reads).
+    pub(crate) fn barrier(&self) {
+        drop(self.lock());
     }
 
     fn insert_locked<K: SetKind<T>>(
