@@ -13,6 +13,14 @@
 //! machine's drift cancels, and writes `docs/fanout.md` (tables and chart, see
 //! `common/report.rs`).
 //!
+//! Then, in the **service setting** (`common/service.rs`): the publisher is
+//! a task on a 2-worker tokio runtime, as in a service. Two shapes: 1,000
+//! handlers on one shared counter (ns per publish against the raw loop run
+//! by a task), and 500 handlers per topic each on a counter of its own, with
+//! one and two publisher tasks (deliveries per second against `Inline`).
+//! Each setup runs 5 repetitions of bursts of 10,000 publishes, alternating
+//! between setups; the tables give the median and the spread.
+//!
 //! `cargo bench --bench fanout`
 
 mod common;
@@ -26,6 +34,7 @@ use blazesub::{Batch, DeliveryMode};
 use criterion::{criterion_group, Criterion};
 
 use common::report::{criterion_results, format_ns, Chart, Report, Series, Table};
+use common::service;
 use common::{
     alloc_snapshot, bench_mode, counting_subscribers, runtime, time_bursts, wait_for,
     CountingAllocator, Payload, Setup, BURST,
@@ -200,7 +209,132 @@ fn interleaved_ratios() -> Vec<(&'static str, Interleaved)> {
         .collect()
 }
 
-fn write_report(allocations: &[AllocRow], interleaved: &[(&'static str, Interleaved)]) {
+/// One publisher task per topic in the service setting (see
+/// `common/service.rs`): per setup, the median, fastest and slowest of the
+/// repetitions, which alternate between setups so drift hits all alike.
+struct ServiceRow {
+    setup: String,
+    /// ns per publish (shape 1) or million deliveries per second (shape 2).
+    median: f64,
+    fastest: f64,
+    slowest: f64,
+}
+
+/// Repetitions and burst size of the service-setting measurements.
+fn service_sizes() -> (usize, u64) {
+    if bench_mode() {
+        (5, 10_000)
+    } else {
+        (1, 100)
+    }
+}
+
+/// Shape 1: one publisher task, 1,000 handlers on one shared counter, each
+/// mode at its defaults and the raw loop in a task; ns per publish.
+fn service_shared_counter() -> Vec<ServiceRow> {
+    let (repetitions, publishes) = service_sizes();
+    let rt = runtime();
+    let raw = service::raw_shared_counter(SUBSCRIBERS);
+    let mut setups: Vec<_> = SETUPS[..3]
+        .iter()
+        .map(|setup| {
+            let bus = setup.build::<u64>(&rt);
+            let workload = service::shared_counter(&bus, TOPIC, SUBSCRIBERS);
+            (setup.name, bus, vec![workload], Vec::new())
+        })
+        .collect();
+    let mut raw_samples = Vec::new();
+    // A warm-up burst each, untimed.
+    service::raw_burst(&rt, &raw, publishes);
+    for (_, bus, workloads, _) in &mut setups {
+        service::burst(&rt, bus, workloads, publishes);
+    }
+    for _ in 0..repetitions {
+        let raw_time = service::raw_burst(&rt, &raw, publishes);
+        raw_samples.push(raw_time.as_nanos() as f64 / publishes as f64);
+        for (_, bus, workloads, samples) in &mut setups {
+            let time = service::burst(&rt, bus, workloads, publishes);
+            samples.push(time.as_nanos() as f64 / publishes as f64);
+        }
+    }
+    std::iter::once(("raw_loop", raw_samples))
+        .chain(
+            setups
+                .into_iter()
+                .map(|(name, _, _, samples)| (name, samples)),
+        )
+        .map(|(name, samples)| {
+            let (median, fastest, slowest) = service::spread(&samples);
+            println!(
+                "service, shared counter {name:>20}: median {median:.0} ns/publish, \
+                 repetitions {fastest:.0}–{slowest:.0}"
+            );
+            ServiceRow {
+                setup: name.to_owned(),
+                median,
+                fastest,
+                slowest,
+            }
+        })
+        .collect()
+}
+
+/// Shape 2: 500 handlers per topic, each on a counter of its own; one or
+/// two publisher tasks (one topic each); million deliveries per second.
+fn service_own_counters() -> Vec<ServiceRow> {
+    const PER_TOPIC: usize = 500;
+    let (repetitions, publishes) = service_sizes();
+    let rt = runtime();
+    let mut setups: Vec<_> = SETUPS[..3]
+        .iter()
+        .flat_map(|setup| [(setup, 1usize), (setup, 2)])
+        .map(|(setup, publishers)| {
+            let bus = setup.build::<u64>(&rt);
+            let workloads: Vec<_> = (0..publishers)
+                .map(|p| service::own_counters(&bus, &format!("{TOPIC}/{p}"), PER_TOPIC))
+                .collect();
+            let name = format!(
+                "{} ({publishers} publisher{})",
+                setup.name,
+                if publishers == 1 { "" } else { "s" }
+            );
+            (name, bus, workloads, Vec::new())
+        })
+        .collect();
+    for (_, bus, workloads, _) in &mut setups {
+        service::burst(&rt, bus, workloads, publishes);
+    }
+    for _ in 0..repetitions {
+        for (_, bus, workloads, samples) in &mut setups {
+            let deliveries = publishes as f64 * (PER_TOPIC * workloads.len()) as f64;
+            let time = service::burst(&rt, bus, workloads, publishes);
+            samples.push(deliveries / time.as_secs_f64() / 1e6);
+        }
+    }
+    setups
+        .into_iter()
+        .map(|(name, _, _, samples)| {
+            let (median, slowest, fastest) = service::spread(&samples);
+            println!(
+                "service, own counters {name:>34}: median {median:.0} M deliveries/s, \
+                 repetitions {slowest:.0}–{fastest:.0}"
+            );
+            ServiceRow {
+                setup: name,
+                median,
+                fastest,
+                slowest,
+            }
+        })
+        .collect()
+}
+
+fn write_report(
+    allocations: &[AllocRow],
+    interleaved: &[(&'static str, Interleaved)],
+    shared: &[ServiceRow],
+    own: &[ServiceRow],
+) {
     let results = criterion_results("fanout_1000");
     let Some(raw) = results.get("raw_loop") else {
         eprintln!("no criterion results for fanout_1000/raw_loop; report not written");
@@ -287,7 +421,68 @@ fn write_report(allocations: &[AllocRow], interleaved: &[(&'static str, Interlea
             }),
         }
     }
-    report.tables = vec![times, allocs];
+    let raw_median = shared
+        .iter()
+        .find(|row| row.setup == "raw_loop")
+        .map_or(f64::NAN, |row| row.median);
+    let mut service_times = Table::new(
+        "Service setting: one publisher task, 1,000 handlers on one shared counter",
+        &[
+            "setup",
+            "median per publish",
+            "× raw loop",
+            "repetitions",
+            "slowest ÷ fastest",
+        ],
+    );
+    service_times.note = "The publisher is a task on a 2-worker tokio runtime; bursts of 10,000 \
+                          publishes, timed until every handler ran (the bench's thread parks \
+                          meanwhile); 5 repetitions alternating between setups. `raw_loop` is \
+                          the same closures called in a loop by a task."
+        .into();
+    for row in shared {
+        service_times.row(vec![
+            format!("`{}`", row.setup),
+            format_ns(row.median),
+            format!("{:.2}×", row.median / raw_median),
+            format!("{} – {}", format_ns(row.fastest), format_ns(row.slowest)),
+            format!("{:.2}", row.slowest / row.fastest),
+        ]);
+    }
+    let inline_one = own
+        .iter()
+        .find(|row| row.setup.starts_with("inline (1"))
+        .map_or(f64::NAN, |row| row.median);
+    let inline_two = own
+        .iter()
+        .find(|row| row.setup.starts_with("inline (2"))
+        .map_or(f64::NAN, |row| row.median);
+    let mut service_rates = Table::new(
+        "Service setting: 500 handlers per topic, each on a counter of its own",
+        &[
+            "setup",
+            "median, M deliveries/s",
+            "÷ inline, 1 publisher",
+            "÷ inline, 2 publishers",
+            "repetitions",
+            "fastest ÷ slowest",
+        ],
+    );
+    service_rates.note = "One publisher task per topic on a 2-worker tokio runtime; bursts of \
+                          10,000 publishes per publisher, timed until every handler ran; 5 \
+                          repetitions alternating between setups."
+        .into();
+    for row in own {
+        service_rates.row(vec![
+            format!("`{}`", row.setup),
+            format!("{:.0}", row.median),
+            format!("{:.2}", row.median / inline_one),
+            format!("{:.2}", row.median / inline_two),
+            format!("{:.0} – {:.0}", row.slowest, row.fastest),
+            format!("{:.2}", row.fastest / row.slowest),
+        ]);
+    }
+    report.tables = vec![times, allocs, service_times, service_rates];
     report.charts = vec![chart];
     match report.save() {
         Ok(()) => println!("wrote docs/fanout.md"),
@@ -299,10 +494,12 @@ criterion_group!(benches, fanout);
 
 fn main() {
     let allocations = allocations_per_publish();
+    let shared = service_shared_counter();
+    let own = service_own_counters();
     benches();
     Criterion::default().configure_from_args().final_summary();
     if bench_mode() {
         let interleaved = interleaved_ratios();
-        write_report(&allocations, &interleaved);
+        write_report(&allocations, &interleaved, &shared, &own);
     }
 }

@@ -10,6 +10,7 @@
 pub mod report;
 pub mod rss;
 pub mod rumqttd;
+pub mod service;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};

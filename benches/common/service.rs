@@ -1,0 +1,235 @@
+//! The service setting (issue 12): the publisher is a task on a
+//! multi-thread tokio runtime with one worker per core, as in a service,
+//! not a bench thread of its own.
+//!
+//! A measurement spawns one task per publisher, each publishing a burst on
+//! its topic, and stops the clock when every handler has run for every
+//! message. The bench's thread does not spin while it waits: it parks, and
+//! the handler call that completes the burst unparks it. (A waiter that
+//! spins or yields is a third runnable thread on two cores; it moved these
+//! figures by up to 2× either way, so it would measure the waiter.)
+//!
+//! Two handler shapes:
+//! - [`shared_counter`]: every handler adds one to one shared `AtomicU64`
+//!   (BlazeSub's throughput bench); the call that brings it to the burst's
+//!   total completes the burst.
+//! - [`own_counters`]: every handler bumps a cache-padded counter of its
+//!   own, as handlers that keep per-subscription state do; each handler
+//!   reports once when its own count reaches the burst's, and the last
+//!   report completes the burst.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use blazesub::{Bus, Message, Subscription};
+use crossbeam_utils::CachePadded;
+
+/// Wakes the measuring thread when a burst is complete.
+pub struct Completion {
+    /// What each counter must reach for the current burst to be complete.
+    target: CachePadded<AtomicU64>,
+    /// Handlers (own counters) or calls (shared counter) that reached it.
+    arrived: CachePadded<AtomicUsize>,
+    /// How many arrivals complete a burst.
+    arrivals: usize,
+    waiter: Mutex<Option<Thread>>,
+}
+
+impl Completion {
+    fn new(arrivals: usize) -> Arc<Self> {
+        Arc::new(Self {
+            target: CachePadded::new(AtomicU64::new(u64::MAX)),
+            arrived: CachePadded::new(AtomicUsize::new(0)),
+            arrivals,
+            waiter: Mutex::new(None),
+        })
+    }
+
+    /// A handler's counter now reads `count`.
+    #[inline]
+    fn counted(&self, count: u64) {
+        if count == self.target.load(Ordering::Relaxed)
+            && self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.arrivals
+        {
+            if let Some(waiter) = self.waiter.lock().expect("waiter").as_ref() {
+                waiter.unpark();
+            }
+        }
+    }
+
+    /// Arms the next burst: complete when every counter reads `target`.
+    fn arm(&self, target: u64) {
+        *self.waiter.lock().expect("waiter") = Some(std::thread::current());
+        self.arrived.store(0, Ordering::Relaxed);
+        self.target.store(target, Ordering::Release);
+    }
+
+    /// Parks until the armed burst is complete; panics after a minute, which
+    /// only a lost delivery could cause.
+    fn wait(&self) {
+        let started = Instant::now();
+        while self.arrived.load(Ordering::Acquire) < self.arrivals {
+            std::thread::park_timeout(Duration::from_millis(10));
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "deliveries went missing: {} of {} arrivals after a minute",
+                self.arrived.load(Ordering::Acquire),
+                self.arrivals
+            );
+        }
+    }
+}
+
+/// Handlers on one topic and what completes their bursts.
+pub struct Workload {
+    pub topic: String,
+    completion: Arc<Completion>,
+    /// Deliveries per publish.
+    pub subscribers: usize,
+    /// Publishes each counter has seen so far (counters only grow).
+    published: u64,
+    _subscriptions: Vec<Subscription>,
+}
+
+/// `subscribers` handlers on `topic`, each adding one to one shared counter.
+pub fn shared_counter(bus: &Bus<u64>, topic: &str, subscribers: usize) -> Workload {
+    let completion = Completion::new(1);
+    let counter = Arc::new(CachePadded::new(AtomicU64::new(0)));
+    let subscriptions = (0..subscribers)
+        .map(|_| {
+            let counter = Arc::clone(&counter);
+            let completion = Arc::clone(&completion);
+            bus.subscribe(topic, move |_: &Message<u64>| {
+                completion.counted(counter.fetch_add(1, Ordering::Relaxed) + 1);
+            })
+            .expect("subscribe")
+        })
+        .collect();
+    Workload {
+        topic: topic.to_owned(),
+        completion,
+        subscribers,
+        published: 0,
+        _subscriptions: subscriptions,
+    }
+}
+
+/// `subscribers` handlers on `topic`, each bumping a cache-padded counter
+/// of its own.
+pub fn own_counters(bus: &Bus<u64>, topic: &str, subscribers: usize) -> Workload {
+    let completion = Completion::new(subscribers);
+    let subscriptions = (0..subscribers)
+        .map(|_| {
+            let counter = CachePadded::new(AtomicU64::new(0));
+            let completion = Arc::clone(&completion);
+            bus.subscribe(topic, move |_: &Message<u64>| {
+                completion.counted(counter.fetch_add(1, Ordering::Relaxed) + 1);
+            })
+            .expect("subscribe")
+        })
+        .collect();
+    Workload {
+        topic: topic.to_owned(),
+        completion,
+        subscribers,
+        published: 0,
+        _subscriptions: subscriptions,
+    }
+}
+
+/// The handlers of the raw loop, shared with the task that runs it.
+pub type RawClosures = Arc<Vec<Box<dyn Fn(&u64) + Send + Sync>>>;
+
+/// One burst of `publishes` on each workload's topic, each published by a
+/// task of its own on `runtime`, timed until every handler ran for every
+/// message.
+pub fn burst(
+    runtime: &tokio::runtime::Runtime,
+    bus: &Bus<u64>,
+    workloads: &mut [Workload],
+    publishes: u64,
+) -> Duration {
+    for workload in workloads.iter_mut() {
+        workload.published += publishes;
+        let target = if workload.completion.arrivals == 1 {
+            workload.published * workload.subscribers as u64
+        } else {
+            workload.published
+        };
+        workload.completion.arm(target);
+    }
+    let start = Instant::now();
+    let publishers: Vec<_> = workloads
+        .iter()
+        .map(|workload| {
+            let bus = bus.clone();
+            let topic = workload.topic.clone();
+            runtime.spawn(async move {
+                for i in 0..publishes {
+                    bus.publish(&topic, black_box(i)).expect("publish");
+                }
+            })
+        })
+        .collect();
+    for publisher in publishers {
+        runtime.block_on(publisher).expect("publisher task");
+    }
+    for workload in workloads.iter() {
+        workload.completion.wait();
+    }
+    start.elapsed()
+}
+
+/// The raw loop in the service setting: one task calling `closures` for
+/// each of `publishes` values, timed until it returns.
+pub fn raw_burst(
+    runtime: &tokio::runtime::Runtime,
+    closures: &RawClosures,
+    publishes: u64,
+) -> Duration {
+    let closures = Arc::clone(closures);
+    runtime
+        .block_on(runtime.spawn(async move {
+            let start = Instant::now();
+            for i in 0..publishes {
+                let value = black_box(i);
+                for closure in closures.iter() {
+                    closure(&value);
+                }
+            }
+            start.elapsed()
+        }))
+        .expect("raw loop task")
+}
+
+/// Closures doing what [`shared_counter`]'s handlers do, for the raw loop
+/// (their completion check included; it never fires).
+pub fn raw_shared_counter(subscribers: usize) -> RawClosures {
+    let completion = Completion::new(1);
+    let counter = Arc::new(CachePadded::new(AtomicU64::new(0)));
+    Arc::new(
+        (0..subscribers)
+            .map(|_| {
+                let counter = Arc::clone(&counter);
+                let completion = Arc::clone(&completion);
+                Box::new(move |_: &u64| {
+                    completion.counted(counter.fetch_add(1, Ordering::Relaxed) + 1);
+                }) as Box<dyn Fn(&u64) + Send + Sync>
+            })
+            .collect(),
+    )
+}
+
+/// Median, fastest and slowest of `samples`.
+pub fn spread(samples: &[f64]) -> (f64, f64, f64) {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    (
+        sorted[sorted.len() / 2],
+        sorted[0],
+        sorted[sorted.len() - 1],
+    )
+}
