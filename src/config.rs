@@ -137,9 +137,11 @@ pub struct Config {
     /// What a full queue or task cap does. Default [`Overflow::CallerRuns`]:
     /// nothing is lost and the publisher is slowed instead.
     pub overflow: Overflow,
-    /// Capacity of the worker pool's queue, in jobs (a publish takes one or a
-    /// few). Default 4,096: room for a burst of thousands of publishes before
-    /// the overflow policy applies, for about 100 KiB. Must be at least 1.
+    /// Capacity of the worker pool's queues, in jobs (a publish takes one or a
+    /// few), shared out evenly: each worker has a queue of its own of
+    /// `queue_capacity / workers` (at least 1). Default 4,096: room for a
+    /// burst of thousands of publishes before the overflow policy applies,
+    /// for about 100 KiB. Must be at least 1.
     pub queue_capacity: usize,
     /// The most tasks a `TaskPerSubscriber` bus (or an async handler still
     /// running after its first poll) keeps alive at once. Default 1,024: enough

@@ -228,51 +228,60 @@ fn loom_mailbox_counts_a_push_racing_the_reader_drop() {
 
 #[test]
 fn loom_pool_delivers_everything_and_stops() {
-    model(|| {
-        let config = Config {
-            delivery: DeliveryMode::WorkerPool,
-            workers: 1,
-            queue_capacity: 1,
-            ..Config::default()
-        };
-        let env = Arc::new(Env {
-            counters: Arc::new(Counters::new()),
-            quiescence: Arc::new(crate::registry::quiesce::Quiescence::new()),
-            workers: 1,
-            handle: None,
-            tasks: TaskGauge::new(4),
-            overflow: Overflow::CallerRuns,
-        });
-        let dispatcher = Dispatcher::<u32>::start(&config, &env).unwrap();
-        let calls = Arc::new(StdAtomicUsize::new(0));
-        let trie = Trie::<u32>::new();
-        for id in 0..2 {
-            let calls = Arc::clone(&calls);
-            let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
-                id,
-                SyncSink(move |_: &Message<u32>| {
-                    calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }),
-            ));
-            insert(&trie, "t", entry);
-        }
-        let cache = RouteCache::<u32>::new(2);
-        let policy = Policy::new(&config);
-        for value in 0..2 {
-            let mut admitted = env.counters.begin_publish().unwrap();
-            let sets = cache.route(&trie, "t").handler_sets();
-            let job = Fanout::new(Arc::new(Message::new("t", value)), sets, &policy).unwrap();
-            admitted.accept(job.total());
-            assert_eq!(dispatcher.dispatch(job, &env), 0);
-        }
-        env.counters
-            .close_and_wait(Duration::from_secs(60))
-            .unwrap();
-        assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 4);
-        let stats = env.counters.snapshot();
-        assert_eq!((stats.delivered, stats.inflight), (4, 0));
-        dispatcher.shut_down();
+    model(|| pool_delivers_everything_and_stops(1, 1));
+}
+
+#[test]
+fn loom_two_workers_deliver_everything_and_stop() {
+    // One ticket per queue: the second publish finds its queue full or
+    // taken by the other worker, and each wake-up reaches its own worker.
+    model(|| pool_delivers_everything_and_stops(2, 2));
+}
+
+fn pool_delivers_everything_and_stops(workers: usize, queue_capacity: usize) {
+    let config = Config {
+        delivery: DeliveryMode::WorkerPool,
+        workers,
+        queue_capacity,
+        ..Config::default()
+    };
+    let env = Arc::new(Env {
+        counters: Arc::new(Counters::new()),
+        quiescence: Arc::new(crate::registry::quiesce::Quiescence::new()),
+        workers,
+        handle: None,
+        tasks: TaskGauge::new(4),
+        overflow: Overflow::CallerRuns,
     });
+    let dispatcher = Dispatcher::<u32>::start(&config, &env).unwrap();
+    let calls = Arc::new(StdAtomicUsize::new(0));
+    let trie = Trie::<u32>::new();
+    for id in 0..2 {
+        let calls = Arc::clone(&calls);
+        let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
+            id,
+            SyncSink(move |_: &Message<u32>| {
+                calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }),
+        ));
+        insert(&trie, "t", entry);
+    }
+    let cache = RouteCache::<u32>::new(2);
+    let policy = Policy::new(&config);
+    for value in 0..2 {
+        let mut admitted = env.counters.begin_publish().unwrap();
+        let sets = cache.route(&trie, "t").handler_sets();
+        let job = Fanout::new(Arc::new(Message::new("t", value)), sets, &policy).unwrap();
+        admitted.accept(job.total());
+        assert_eq!(dispatcher.dispatch(job, &env), 0);
+    }
+    env.counters
+        .close_and_wait(Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 4);
+    let stats = env.counters.snapshot();
+    assert_eq!((stats.delivered, stats.inflight), (4, 0));
+    dispatcher.shut_down();
 }
 
 #[test]

@@ -16,6 +16,8 @@
 //!   and a handler that turns slow without warning can hold up at most
 //!   `MAX_GRAIN - 1` subscriptions claimed with it, only at a moment when no
 //!   worker was free to take them anyway.
+//! - A job is run either by claims, or chunk by chunk ([`Fanout::run_chunk`]:
+//!   the pool gives each chunk one ticket, for one worker), never both.
 //! - A panicking delivery is caught, counted, and the loop resumes with the
 //!   next delivery; the catch is set up once per runner, not per delivery.
 //! - Each delivery checks its subscription's flag immediately before running,
@@ -87,6 +89,8 @@ struct Progress {
     grain: usize,
     /// When its last claim was made, and how many units it held.
     last_claim: Option<(Instant, usize)>,
+    /// Runs one chunk given at the start and claims nothing.
+    fixed: bool,
 }
 
 impl<T: Send + Sync + 'static> Fanout<T> {
@@ -130,6 +134,51 @@ impl<T: Send + Sync + 'static> Fanout<T> {
     /// Claims and runs deliveries until none are left (or, under a
     /// single-claim plan, after one claim), then adds what it did to `tally`.
     pub(crate) fn run(&self, env: &Env, runner: &mut impl Runner<T>, tally: &mut Tally) {
+        self.run_from(env, runner, tally, None);
+    }
+
+    /// Runs chunk `chunk` (the deliveries of the job's `chunk`th unit) and
+    /// nothing else, then adds what it did to `tally`. A job is run either
+    /// by claims or chunk by chunk, never both.
+    pub(crate) fn run_chunk(
+        &self,
+        env: &Env,
+        runner: &mut impl Runner<T>,
+        tally: &mut Tally,
+        chunk: usize,
+    ) {
+        self.run_from(env, runner, tally, Some(self.chunk_range(chunk)));
+    }
+
+    /// Deliveries of chunk `chunk`.
+    fn chunk_range(&self, chunk: usize) -> Range<usize> {
+        let start = (chunk * self.plan.unit).min(self.total);
+        start..(start + self.plan.unit).min(self.total)
+    }
+
+    /// Counts chunk `chunk`'s deliveries as dropped without running them.
+    /// Returns the deliveries dropped.
+    pub(crate) fn drop_chunk(&self, chunk: usize, tally: &mut Tally) -> usize {
+        let range = self.chunk_range(chunk);
+        let mut dropped = 0;
+        for (set, slots) in self.segments(range.clone()) {
+            dropped += slots
+                .filter_map(|offset| set.get(offset))
+                .filter(|entry| entry.is_active())
+                .count();
+        }
+        tally.dropped += dropped as u64;
+        tally.finished += range.len() as u64;
+        dropped
+    }
+
+    fn run_from(
+        &self,
+        env: &Env,
+        runner: &mut impl Runner<T>,
+        tally: &mut Tally,
+        chunk: Option<Range<usize>>,
+    ) {
         // Every flag check and handler call of this run happens while present.
         let _present = env.quiescence.enter();
         self.runners.fetch_add(1, Ordering::Relaxed);
@@ -143,7 +192,15 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             handed_over: 0,
             grain: 1,
             last_claim: None,
+            fixed: false,
         };
+        if let Some(range) = chunk {
+            quiesce::hold(range.len() as u64);
+            progress.current = range.start;
+            progress.claim_end = range.end;
+            progress.claimed = range.len();
+            progress.fixed = true;
+        }
         loop {
             let result = catch_unwind(AssertUnwindSafe(|| {
                 self.work(env, runner, &mut progress, tally);
@@ -207,7 +264,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
 
     /// Claims the next range for this runner. False when nothing is left.
     fn claim(&self, runner: &mut impl Runner<T>, p: &mut Progress) -> bool {
-        if self.plan.single_claim && p.claimed > 0 {
+        if p.fixed || (self.plan.single_claim && p.claimed > 0) {
             return false;
         }
         let units = if self.plan.unit == 1 && !self.plan.single_claim {

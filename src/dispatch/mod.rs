@@ -5,8 +5,8 @@
 //! - `fanout.rs` — the per-publish job and the claiming loop runners run.
 //! - `tasks.rs` — `TaskPerSubscriber`: runners are tokio tasks, at most
 //!   `max_inflight_tasks` alive.
-//! - `pool.rs` — `WorkerPool`: runners are jobs on a bounded crossbeam queue
-//!   served by a fixed set of worker threads.
+//! - `pool.rs` — `WorkerPool`: runners are jobs on bounded crossbeam queues,
+//!   one per worker thread, chunks pinned to workers, idle workers stealing.
 //! - `inline.rs` — `Inline`: the publisher is the only runner.
 //! - `ordered.rs` — ordered handlers: one drain at a time per subscription.
 //! - `pending.rs` — async handlers whose future is not finished after its
@@ -32,12 +32,13 @@
 //! - `Batch::Single` below the threshold: one per unit, each claiming exactly
 //!   one — BlazeSub's job per subscriber, and its cost (the cliff the `cliff`
 //!   bench reproduces);
-//! - `Batch::Chunked`, either side of the threshold: one, which enlists a
-//!   helper runner whenever units remain, fewer than `workers` runners are on
-//!   the job, and the mode has an idle worker (or task slot) right now. Under
-//!   a burst every worker is busy, so each drains its own job with no
-//!   contention on its cursor; a lone publish still spreads over every idle
-//!   worker;
+//! - `Batch::Chunked` below the threshold: one, which enlists a helper runner
+//!   whenever units remain, fewer than `workers` runners are on the job, and
+//!   the mode has an idle worker (or task slot) right now;
+//! - `Batch::Chunked` above the threshold: in `WorkerPool`, one per chunk,
+//!   and chunk `c` always runs on worker `c % workers` (see `pool.rs`: a
+//!   subscription's deliveries stay on one core, publish after publish); in
+//!   `TaskPerSubscriber`, one that enlists helpers as below the threshold;
 //! - `Batch::Single` above the threshold: one, for the single unit.
 //!
 //! # Accounting

@@ -1,15 +1,32 @@
-//! `DeliveryMode::WorkerPool`: runners are jobs on a bounded queue served by a
-//! fixed set of threads.
+//! `DeliveryMode::WorkerPool`: runners are jobs on bounded queues served by
+//! a fixed set of threads, one queue per worker.
 //!
-//! The queue is a `crossbeam-channel` array channel of `queue_capacity`
-//! tickets; a ticket is one runner of one publish (an `Arc` of its job), so a
-//! burst costs no allocation per queued runner. When the queue is full the
-//! overflow policy applies: `CallerRuns` runs the runner on the publisher's
-//! thread, `Drop` and `Error` count its deliveries as dropped.
+//! # Where work goes
+//! - A job cut into chunks (above the threshold under `Batch::Chunked`)
+//!   queues chunk `c` to worker `c % workers`, every publish. So a given
+//!   subscription's deliveries run on the same worker publish after publish,
+//!   and whatever its handler touches stays in that worker's core cache. A
+//!   shared queue let any worker take any chunk; handlers that keep state of
+//!   their own then moved it between the cores on most deliveries, which
+//!   made two workers slower than one (see `docs/design-notes.md`, "Where a
+//!   subscription runs").
+//! - Other runners (below the threshold, or `Batch::Single`) and ordered
+//!   drains go to the queues in turn; an ordered subscription keeps one.
+//! - A worker whose own queue is empty takes tickets from the others' before
+//!   it waits, so a slow handler holds up only the worker it is on while
+//!   another has nothing to do. It waits on its own queue only; a publisher
+//!   that queues for a busy worker while another waits wakes that one to
+//!   help. Under a burst no worker waits, so each runs its own chunks.
 //!
-//! Workers stop when they reach a `Stop` ticket. Tickets are taken in order,
-//! so everything queued before the stop still runs; `close` and dropping the
-//! bus both stop the pool this way.
+//! A queue holds `queue_capacity / workers` tickets (at least one); a ticket
+//! is one runner of one publish (an `Arc` of its job), so a burst costs no
+//! allocation per queued runner. When a queue is full the overflow policy
+//! applies: `CallerRuns` runs the runner on the publisher's thread, `Drop`
+//! and `Error` count its deliveries as dropped.
+//!
+//! Stopping sets a flag and wakes every worker; a worker stops once every
+//! queue is empty, so everything queued before still runs. `close` and
+//! dropping the bus both stop the pool this way.
 
 use std::sync::Arc;
 
@@ -24,77 +41,111 @@ use crate::sync::{thread, AtomicBool, AtomicUsize, Ordering};
 use crossbeam_utils::CachePadded;
 
 pub(crate) enum Ticket<T> {
+    /// A runner claiming from the job's shared cursor.
     Run(Arc<Fanout<T>>),
+    /// Chunk `c` of a job, and nothing else of it.
+    Chunk(Arc<Fanout<T>>, usize),
     /// An ordered handler's drain (see `ordered.rs`).
     Drain(Box<dyn FnOnce() + Send>),
-    Stop,
+    /// Look for work elsewhere, or stop if stopping and there is none.
+    Wake,
+}
+
+/// What the pool's handle and its workers share.
+struct Shared<T> {
+    queues: Vec<Sender<Ticket<T>>>,
+    tickets: Vec<Receiver<Ticket<T>>>,
+    /// Per worker: waiting on its own empty queue (or about to).
+    waiting: Vec<CachePadded<AtomicBool>>,
+    /// Workers waiting.
+    idle: CachePadded<AtomicUsize>,
+    stopping: AtomicBool,
+}
+
+impl<T> Shared<T> {
+    /// Takes a worker other than `busy` off the waiting list, if one waits:
+    /// the caller wakes it. Taking it off first means one wake-up per wait,
+    /// however many publishers see it waiting (wake-ups take queue room).
+    fn take_waiting(&self, busy: usize) -> Option<usize> {
+        if self.idle.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        (0..self.waiting.len())
+            .find(|&worker| worker != busy && self.waiting[worker].swap(false, Ordering::SeqCst))
+    }
+
+    /// Queues `ticket` for `worker`; if that worker is busy (it may be
+    /// stuck in a slow handler) and another waits, wakes the other to help.
+    fn push(&self, worker: usize, ticket: Ticket<T>) -> Result<(), TrySendError<Ticket<T>>> {
+        self.queues[worker].try_send(ticket)?;
+        if !self.waiting[worker].load(Ordering::SeqCst) {
+            if let Some(helper) = self.take_waiting(worker) {
+                // A waiting worker's queue is empty: there is room.
+                let _ = self.queues[helper].try_send(Ticket::Wake);
+            }
+        }
+        Ok(())
+    }
 }
 
 pub(crate) struct Pool<T> {
-    queue: Sender<Ticket<T>>,
-    /// Workers waiting for a ticket (or about to).
-    idle: Arc<CachePadded<AtomicUsize>>,
-    workers: usize,
-    stopped: AtomicBool,
-    /// Queues `n` stop tickets from a thread of its own, for when the queue
-    /// is full and the caller may be a worker that must not wait.
-    send_stops_later: Box<dyn Fn(usize) + Send + Sync>,
+    shared: Arc<Shared<T>>,
+    /// Turns for runners and drains that have no chunk of their own.
+    turn: AtomicUsize,
 }
 
 impl<T: Send + Sync + 'static> Pool<T> {
     pub(crate) fn start(workers: usize, capacity: usize, env: &Arc<Env>) -> Result<Self, Error> {
-        let (queue, tickets) = channel::bounded(capacity);
-        let stop_queue = queue.clone();
-        let mut pool = Self {
-            queue,
-            idle: Arc::new(CachePadded::new(AtomicUsize::new(0))),
-            workers: 0,
-            stopped: AtomicBool::new(false),
-            send_stops_later: Box::new(move |n| {
-                let queue = stop_queue.clone();
-                let spawned = thread::Builder::new()
-                    .name("blazesub-pool-stop".into())
-                    .spawn(move || {
-                        for _ in 0..n {
-                            let _ = queue.send(Ticket::Stop);
-                        }
-                    });
-                if let Err(err) = spawned {
-                    tracing::error!(%err, "could not stop the worker pool; its threads stay parked");
-                }
-            }),
+        let per_worker = capacity.div_ceil(workers.max(1)).max(1);
+        let (queues, tickets) = (0..workers).map(|_| channel::bounded(per_worker)).unzip();
+        let shared = Arc::new(Shared {
+            queues,
+            tickets,
+            waiting: (0..workers)
+                .map(|_| CachePadded::new(AtomicBool::new(false)))
+                .collect(),
+            idle: CachePadded::new(AtomicUsize::new(0)),
+            stopping: AtomicBool::new(false),
+        });
+        let pool = Self {
+            shared,
+            turn: AtomicUsize::new(0),
         };
         for index in 0..workers {
-            let tickets = tickets.clone();
-            let queue = pool.queue.clone();
-            let idle = Arc::clone(&pool.idle);
+            let shared = Arc::clone(&pool.shared);
             let env = Arc::clone(env);
             thread::Builder::new()
                 .name(format!("blazesub-worker-{index}"))
-                .spawn(move || work(&tickets, &queue, &idle, &env))
+                .spawn(move || work(index, &shared, &env))
                 // Dropping `pool` stops the workers already started.
                 .map_err(Error::Spawn)?;
-            pool.workers += 1;
         }
         Ok(pool)
     }
 
     /// Queues the job's runners; see the module docs for a full queue.
     pub(crate) fn dispatch(&self, job: Arc<Fanout<T>>, env: &Arc<Env>) -> usize {
+        let plan = job.plan();
+        let workers = self.shared.queues.len();
+        if plan.unit > 1 && !plan.single_claim {
+            let mut dropped = 0;
+            for chunk in 0..job.total().div_ceil(plan.unit) {
+                let ticket = Ticket::Chunk(Arc::clone(&job), chunk);
+                if self.shared.push(chunk % workers, ticket).is_err() {
+                    dropped += self.refused_chunk(&job, chunk, env);
+                }
+            }
+            return dropped;
+        }
         let mut started = false;
         let mut dropped = 0;
-        for _ in 0..job.plan().runners {
-            match self.queue.try_send(Ticket::Run(Arc::clone(&job))) {
+        for _ in 0..plan.runners {
+            let worker = self.turn.fetch_add(1, Ordering::Relaxed) % workers;
+            match self.shared.push(worker, Ticket::Run(Arc::clone(&job))) {
                 Ok(()) => started = true,
-                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => match env.overflow {
+                Err(_) => match env.overflow {
                     Overflow::CallerRuns => {
-                        let mut runner = PoolRunner {
-                            queue: &self.queue,
-                            idle: &self.idle,
-                            job: &job,
-                            env,
-                            place: Place::Publisher,
-                        };
+                        let mut runner = self.publisher_runner(&job, env);
                         caller_runs(&job, &mut runner, env);
                     }
                     Overflow::Drop | Overflow::Error => dropped += refused(&job, started, env),
@@ -102,6 +153,35 @@ impl<T: Send + Sync + 'static> Pool<T> {
             }
         }
         dropped
+    }
+
+    /// A chunk its worker's queue had no room for: run here or dropped.
+    fn refused_chunk(&self, job: &Arc<Fanout<T>>, chunk: usize, env: &Arc<Env>) -> usize {
+        let mut tally = Tally::default();
+        let dropped = match env.overflow {
+            Overflow::CallerRuns => {
+                env.counters.caller_ran();
+                let mut runner = self.publisher_runner(job, env);
+                job.run_chunk(env, &mut runner, &mut tally, chunk);
+                0
+            }
+            Overflow::Drop | Overflow::Error => job.drop_chunk(chunk, &mut tally),
+        };
+        env.counters.add(&tally);
+        dropped
+    }
+
+    fn publisher_runner<'a>(
+        &'a self,
+        job: &'a Arc<Fanout<T>>,
+        env: &'a Arc<Env>,
+    ) -> PoolRunner<'a, T> {
+        PoolRunner {
+            shared: &self.shared,
+            job,
+            env,
+            place: Place::Publisher,
+        }
     }
 }
 
@@ -113,21 +193,22 @@ pub(crate) fn refused_ticket<T>(error: TrySendError<Ticket<T>>) -> Ticket<T> {
 }
 
 impl<T> Pool<T> {
-    /// Where ordered handlers' drains are queued.
+    /// Where an ordered subscription's drains are queued: one worker's
+    /// queue, the next in turn.
     pub(crate) fn sender(&self) -> Sender<Ticket<T>> {
-        self.queue.clone()
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        self.shared.queues[turn % self.shared.queues.len()].clone()
     }
 
     /// Lets the workers finish what is queued, then stop. Idempotent.
     pub(crate) fn shut_down(&self) {
-        if self.stopped.swap(true, Ordering::AcqRel) {
+        if self.shared.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
-        let unsent = (0..self.workers)
-            .filter(|_| self.queue.try_send(Ticket::Stop).is_err())
-            .count();
-        if unsent > 0 {
-            (self.send_stops_later)(unsent);
+        for queue in &self.shared.queues {
+            // A full queue's worker is not waiting: it sees the flag once
+            // every queue is empty.
+            let _ = queue.try_send(Ticket::Wake);
         }
     }
 }
@@ -138,48 +219,75 @@ impl<T> Drop for Pool<T> {
     }
 }
 
-fn work<T: Send + Sync + 'static>(
-    tickets: &Receiver<Ticket<T>>,
-    queue: &Sender<Ticket<T>>,
-    idle: &AtomicUsize,
-    env: &Arc<Env>,
-) {
-    loop {
-        // Idle means "found the queue empty", not "between two tickets".
-        let ticket = match tickets.try_recv() {
-            Ok(ticket) => Ok(ticket),
-            Err(_) => {
-                idle.fetch_add(1, Ordering::Relaxed);
-                let ticket = tickets.recv();
-                idle.fetch_sub(1, Ordering::Relaxed);
-                ticket
-            }
-        };
-        let job = match ticket {
-            Ok(Ticket::Run(job)) => job,
-            Ok(Ticket::Drain(drain)) => {
+fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<Env>) {
+    while let Some(ticket) = next_ticket(me, shared) {
+        let (job, chunk) = match ticket {
+            Ticket::Run(job) => (job, None),
+            Ticket::Chunk(job, chunk) => (job, Some(chunk)),
+            Ticket::Drain(drain) => {
                 drain();
                 continue;
             }
-            Ok(Ticket::Stop) | Err(_) => return,
+            Ticket::Wake => continue,
         };
         let mut runner = PoolRunner {
-            queue,
-            idle,
+            shared,
             job: &job,
             env,
             place: Place::Worker,
         };
         let mut tally = Tally::default();
-        job.run(env, &mut runner, &mut tally);
+        match chunk {
+            Some(chunk) => job.run_chunk(env, &mut runner, &mut tally, chunk),
+            None => job.run(env, &mut runner, &mut tally),
+        }
         env.counters.add(&tally);
     }
 }
 
+/// The next ticket for worker `me`: its own queue first, then the others';
+/// waits on its own when all are empty. `None` once stopping and all empty.
+fn next_ticket<T>(me: usize, shared: &Shared<T>) -> Option<Ticket<T>> {
+    let workers = shared.tickets.len();
+    if let Ok(ticket) = shared.tickets[me].try_recv() {
+        return Some(ticket);
+    }
+    for other in (1..workers).map(|offset| (me + offset) % workers) {
+        match shared.tickets[other].try_recv() {
+            // Another worker's wake-up is its own: handed back, or that
+            // worker could wait for ever.
+            Ok(Ticket::Wake) => {
+                let _ = shared.queues[other].try_send(Ticket::Wake);
+            }
+            Ok(ticket) => {
+                if shared.stopping.load(Ordering::SeqCst) {
+                    // The stop's wake-up may have found this queue full
+                    // with what was just taken: its worker must not wait
+                    // on it for ever. (No one queues after the stop, so
+                    // there is room.)
+                    let _ = shared.queues[other].try_send(Ticket::Wake);
+                }
+                return Some(ticket);
+            }
+            Err(_) => {}
+        }
+    }
+    if shared.stopping.load(Ordering::SeqCst) {
+        return None;
+    }
+    shared.waiting[me].store(true, Ordering::SeqCst);
+    shared.idle.fetch_add(1, Ordering::SeqCst);
+    // Disconnected (every handle gone): the caller looks again, and stops
+    // once all is run.
+    let ticket = shared.tickets[me].recv().unwrap_or(Ticket::Wake);
+    shared.idle.fetch_sub(1, Ordering::SeqCst);
+    shared.waiting[me].store(false, Ordering::SeqCst);
+    Some(ticket)
+}
+
 /// A runner on a worker thread, or on a publisher the queue had no room for.
 struct PoolRunner<'a, T> {
-    queue: &'a Sender<Ticket<T>>,
-    idle: &'a AtomicUsize,
+    shared: &'a Shared<T>,
     job: &'a Arc<Fanout<T>>,
     env: &'a Arc<Env>,
     place: Place,
@@ -187,18 +295,16 @@ struct PoolRunner<'a, T> {
 
 impl<T: Send + Sync + 'static> Runner<T> for PoolRunner<'_, T> {
     fn has_idle_capacity(&self) -> bool {
-        // A worker counts as idle from finding the queue empty until its
-        // `recv` returns, which on a busy machine can be long after a ticket
-        // was queued for it: only idle workers beyond the queued tickets
-        // are free.
-        let idle = self.idle.load(Ordering::Relaxed);
-        idle > 0 && idle > self.queue.len()
+        self.shared.idle.load(Ordering::Relaxed) > 0
     }
 
     fn offer_helper(&mut self, _job: &Fanout<T>) -> bool {
-        self.queue
-            .try_send(Ticket::Run(Arc::clone(self.job)))
-            .is_ok()
+        match self.shared.take_waiting(usize::MAX) {
+            Some(worker) => self.shared.queues[worker]
+                .try_send(Ticket::Run(Arc::clone(self.job)))
+                .is_ok(),
+            None => false,
+        }
     }
 
     fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) {

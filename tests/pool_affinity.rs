@@ -1,0 +1,67 @@
+//! Where a subscription's deliveries run in `WorkerPool` mode: above the
+//! threshold a publish is cut into one chunk per worker, and chunk `c` runs
+//! on worker `c` publish after publish, so whatever a handler keeps of its
+//! own stays in one core's cache. (A worker with nothing left of its own
+//! takes another's chunks: so "mostly", not "always".)
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+use std::time::Duration;
+
+use blazesub::{Bus, DeliveryMode, Message};
+use common::wait_until;
+
+const SUBSCRIBERS: usize = 128;
+const PUBLISHES: u32 = 400;
+
+#[test]
+fn a_subscription_stays_on_one_worker_through_a_burst() {
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::WorkerPool)
+        .workers(2)
+        .max_concurrent_subscriptions(10)
+        .build()
+        .unwrap();
+    // Per subscription: the threads its deliveries ran on, and how often.
+    let seen: Vec<Arc<Mutex<HashMap<ThreadId, u32>>>> = (0..SUBSCRIBERS)
+        .map(|_| Arc::new(Mutex::new(HashMap::new())))
+        .collect();
+    let _subscriptions: Vec<_> = seen
+        .iter()
+        .map(|threads| {
+            let threads = Arc::clone(threads);
+            bus.subscribe("burst", move |_: &Message<u32>| {
+                *threads
+                    .lock()
+                    .unwrap()
+                    .entry(std::thread::current().id())
+                    .or_default() += 1;
+            })
+            .unwrap()
+        })
+        .collect();
+    // A burst both workers are busy with, small enough that no queue fills
+    // (the publisher would then run chunks itself).
+    for i in 0..PUBLISHES {
+        bus.publish("burst", i).unwrap();
+    }
+    assert!(wait_until(Duration::from_secs(30), || bus
+        .inflight_messages()
+        == 0));
+    for (index, threads) in seen.iter().enumerate() {
+        let threads = threads.lock().unwrap();
+        let total: u32 = threads.values().sum();
+        let home = threads.values().copied().max().unwrap_or(0);
+        assert_eq!(total, PUBLISHES, "subscription {index}");
+        // Any worker taking any chunk puts about half on each; stealing
+        // by a worker that ran out of its own moves a few.
+        assert!(
+            home * 10 >= total * 7,
+            "subscription {index} ran on {} threads, at most {home} of {total} on one",
+            threads.len()
+        );
+    }
+}
