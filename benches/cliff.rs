@@ -17,6 +17,12 @@
 //! `docs/cliff.md` (tables, the cliff ratios, charts; see
 //! `common/report.rs`).
 //!
+//! Last, the **service setting** (`common/service.rs`): the default mode at
+//! every threshold with the publisher a task on a 2-worker tokio runtime,
+//! bursts of 10,000 publishes, 5 repetitions alternating between thresholds;
+//! the table gives each threshold's median and spread, and the slowest
+//! threshold's median over the fastest's (the cliff a service would see).
+//!
 //! `cargo bench --bench cliff`
 
 mod common;
@@ -29,6 +35,7 @@ use blazesub::{Batch, Bus, DeliveryMode};
 use criterion::{criterion_group, BenchmarkId, Criterion};
 
 use common::report::{criterion_results, format_ns, Chart, Estimate, Report, Series, Table};
+use common::service;
 use common::{
     alloc_snapshot, bench_mode, counting_subscribers, runtime, time_bursts, wait_for,
     CountingAllocator, Payload, Setup, BURST,
@@ -321,9 +328,76 @@ fn across_the_threshold() -> Vec<(&'static str, Ratio, Ratio)> {
         .collect()
 }
 
+/// One threshold of the default mode in the service setting: median,
+/// fastest and slowest ns per publish over the repetitions.
+struct ServicePoint {
+    threshold: usize,
+    median: f64,
+    fastest: f64,
+    slowest: f64,
+}
+
+/// The default mode (and `Inline`, threshold 0 here) in the service setting.
+fn service_thresholds() -> (Vec<ServicePoint>, f64) {
+    let (repetitions, publishes) = if bench_mode() { (5, 10_000) } else { (1, 100) };
+    let rt = runtime();
+    let mut points: Vec<_> = THRESHOLDS
+        .iter()
+        .map(|&threshold| {
+            let bus = with_threshold(&SETUPS[0], threshold).build::<u64>(&rt);
+            let workload = service::shared_counter(&bus, TOPIC, SUBSCRIBERS);
+            (threshold, bus, vec![workload], Vec::new())
+        })
+        .collect();
+    let inline_bus = INLINE.build::<u64>(&rt);
+    let mut inline = (
+        vec![service::shared_counter(&inline_bus, TOPIC, SUBSCRIBERS)],
+        Vec::new(),
+    );
+    for (_, bus, workloads, _) in &mut points {
+        service::burst(&rt, bus, workloads, publishes);
+    }
+    service::burst(&rt, &inline_bus, &mut inline.0, publishes);
+    for _ in 0..repetitions {
+        for (_, bus, workloads, samples) in &mut points {
+            let time = service::burst(&rt, bus, workloads, publishes);
+            samples.push(time.as_nanos() as f64 / publishes as f64);
+        }
+        let time = service::burst(&rt, &inline_bus, &mut inline.0, publishes);
+        inline.1.push(time.as_nanos() as f64 / publishes as f64);
+    }
+    let points: Vec<ServicePoint> = points
+        .into_iter()
+        .map(|(threshold, _, _, samples)| {
+            let (median, fastest, slowest) = service::spread(&samples);
+            println!(
+                "service, default mode, T = {threshold:>5}: median {median:.0} ns/publish, \
+                 repetitions {fastest:.0}–{slowest:.0}"
+            );
+            ServicePoint {
+                threshold,
+                median,
+                fastest,
+                slowest,
+            }
+        })
+        .collect();
+    let (inline_median, _, _) = service::spread(&inline.1);
+    let medians: Vec<f64> = points.iter().map(|p| p.median).collect();
+    let worst = medians.iter().copied().fold(f64::MIN, f64::max);
+    let best = medians.iter().copied().fold(f64::MAX, f64::min);
+    println!(
+        "service, default mode: slowest threshold {:.2}× the fastest; inline {inline_median:.0} ns/publish",
+        worst / best
+    );
+    (points, inline_median)
+}
+
 fn write_report(
     allocations: &BTreeMap<String, Allocs>,
     interleaved: &[(&'static str, Ratio, Ratio)],
+    service_points: &[ServicePoint],
+    service_inline: f64,
 ) {
     let results = criterion_results(GROUP);
     if results.is_empty() {
@@ -613,7 +687,47 @@ fn write_report(
         });
     }
 
-    report.tables = vec![times, ratios, rotated, seed, allocs, caller];
+    let mut service_table = Table::new(
+        "Service setting: the default mode at every threshold, publisher a task",
+        &[
+            "T",
+            "median per publish",
+            "× inline",
+            "repetitions",
+            "slowest ÷ fastest",
+        ],
+    );
+    let best = service_points
+        .iter()
+        .map(|p| p.median)
+        .fold(f64::MAX, f64::min);
+    let worst = service_points
+        .iter()
+        .map(|p| p.median)
+        .fold(f64::MIN, f64::max);
+    service_table.note = format!(
+        "`worker_pool` (chunked) with the publisher a task on a 2-worker tokio runtime; \
+         1,000 handlers on one shared counter; bursts of 10,000 publishes timed until every \
+         handler ran; 5 repetitions alternating between thresholds. Slowest threshold's \
+         median ÷ fastest's: **{:.2}×**. `Inline` in the same run: {}.",
+        worst / best,
+        format_ns(service_inline)
+    );
+    for point in service_points {
+        service_table.row(vec![
+            point.threshold.to_string(),
+            format_ns(point.median),
+            format!("{:.2}×", point.median / service_inline),
+            format!(
+                "{} – {}",
+                format_ns(point.fastest),
+                format_ns(point.slowest)
+            ),
+            format!("{:.2}", point.slowest / point.fastest),
+        ]);
+    }
+
+    report.tables = vec![times, ratios, rotated, seed, allocs, caller, service_table];
     report.charts = vec![time_chart, alloc_chart];
     match report.save() {
         Ok(()) => println!("wrote docs/cliff.md"),
@@ -636,10 +750,11 @@ criterion_group! {
 
 fn main() {
     let allocations = allocations_per_publish();
+    let (service_points, service_inline) = service_thresholds();
     benches();
     Criterion::default().configure_from_args().final_summary();
     if bench_mode() {
         let interleaved = across_the_threshold();
-        write_report(&allocations, &interleaved);
+        write_report(&allocations, &interleaved, &service_points, service_inline);
     }
 }
