@@ -23,6 +23,12 @@
 //! - a subscribe racing the bus's first retained publish (which a subscribe
 //!   made before it skips the store's lock for) gets the message exactly
 //!   once, from its snapshot or live;
+//! - a `publish_async` into a full lossless stream, polled once and dropped
+//!   while the reader frees room: it delivered all or nothing, and holds no
+//!   room afterwards (every slot is back once the stream is drained). tokio's
+//!   semaphore is not instrumented under loom (tokio models itself only in
+//!   its own tests), so loom explores the mailbox's side of this race; the
+//!   permit's release on drop is tokio's;
 //! - the worker pool: every delivery runs exactly once whether the queue has
 //!   room or the publisher runs the job itself, the close barrier sees
 //!   `inflight` reach zero (a missed wake-up would deadlock), and the workers
@@ -308,5 +314,43 @@ fn loom_subscribe_racing_the_first_retained_publish_gets_it_once() {
         // Through the snapshot or live, never both, never neither.
         assert_eq!(seen.load(std::sync::atomic::Ordering::Relaxed), 1);
         drop(subscription);
+    });
+}
+
+#[test]
+fn loom_cancelled_publish_async_holds_no_room() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    use crate::{StreamOptions, StreamOverflow};
+
+    model(|| {
+        let bus = crate::Bus::<u32>::builder()
+            .delivery(DeliveryMode::Inline)
+            .build()
+            .unwrap();
+        let options = StreamOptions::new(1).overflow(StreamOverflow::Backpressure);
+        let mut stream = bus.subscribe_stream_with("t", options).unwrap();
+        bus.publish("t", 0).unwrap(); // the stream is full
+        let reader = thread::spawn(move || {
+            let first = stream.try_recv().map(|m| *m.data());
+            (stream, first)
+        });
+        // Polled once (it may find the room the reader just freed), then
+        // cancelled.
+        let mut publish = Box::pin(bus.publish_async("t", 1));
+        let delivered = matches!(
+            publish
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop())),
+            Poll::Ready(Ok(1))
+        );
+        drop(publish);
+        let (mut stream, first) = reader.join().unwrap();
+        let mut received: Vec<u32> = first.into_iter().collect();
+        received.extend(std::iter::from_fn(|| stream.try_recv().ok()).map(|m| *m.data()));
+        let expected: Vec<u32> = if delivered { vec![0, 1] } else { vec![0] };
+        assert_eq!(received, expected, "all or nothing");
+        assert_eq!(stream.unreserved_room(), Some(1), "room left reserved");
     });
 }

@@ -21,6 +21,10 @@
 //!   queued for it, as documented);
 //! - no handler call starts after its `unsubscribe` (or drop) returned, and
 //!   no message from a publish that began after that is received;
+//! - 4 ordered handler subscriptions on `#`: no two calls of one overlap
+//!   (seen with a flag each call sets and clears), each publisher's messages
+//!   arrive in publish order, none twice, and every one arrives unless the
+//!   bus counted it dropped (an ordered queue is bounded);
 //! - after `close`: nothing in flight, `stats().delivered` equals what the
 //!   handlers and receivers counted, nothing dropped but what streams lost.
 //!
@@ -58,6 +62,47 @@ const THRESHOLD: usize = 44;
 const RUNNER_THREADS: u32 = PUBLISHERS as u32 + 2;
 /// The longest round.
 const ROUND: Duration = Duration::from_secs(2);
+/// Ordered handler subscriptions on `#` (both publishers reach them).
+const ORDERED: usize = 4;
+
+/// What an ordered handler observed.
+struct OrderedProbe {
+    /// Set while a call runs: finding it set means two calls overlapped.
+    running: AtomicBool,
+    overlaps: AtomicU64,
+    /// Per publisher: one past the last sequence number received.
+    next: Vec<AtomicU32>,
+    out_of_order: AtomicU64,
+    seen: Seen,
+}
+
+impl OrderedProbe {
+    fn new(ids: usize) -> Self {
+        Self {
+            running: AtomicBool::new(false),
+            overlaps: AtomicU64::new(0),
+            next: (0..PUBLISHERS).map(|_| AtomicU32::new(0)).collect(),
+            out_of_order: AtomicU64::new(0),
+            seen: Seen::new(ids),
+        }
+    }
+
+    fn call(&self, id: u32) {
+        if self.running.swap(true, Ordering::SeqCst) {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        let (p, seq) = split(id);
+        if self.next[p].swap(seq + 1, Ordering::SeqCst) > seq {
+            self.out_of_order.fetch_add(1, Ordering::SeqCst);
+        }
+        self.seen.hit(id);
+        // Long enough for another call to arrive if the bus let it.
+        for _ in 0..64 {
+            std::hint::spin_loop();
+        }
+        self.running.store(false, Ordering::SeqCst);
+    }
+}
 
 fn topic_of(p: usize) -> String {
     format!("s/{p}/x")
@@ -383,6 +428,22 @@ fn round(
         })
         .collect();
 
+    let ordered: Vec<Arc<OrderedProbe>> = (0..ORDERED)
+        .map(|_| Arc::new(OrderedProbe::new(ids)))
+        .collect();
+    let ordered_subs: Vec<Subscription> = ordered
+        .iter()
+        .map(|probe| {
+            let probe = Arc::clone(probe);
+            let invocations = Arc::clone(&round.invocations);
+            bus.subscribe_ordered("#", move |m: &Message<u32>| {
+                invocations.fetch_add(1, Ordering::Relaxed);
+                probe.call(*m.data());
+            })
+            .unwrap()
+        })
+        .collect();
+
     let start = Arc::new(Barrier::new(PUBLISHERS + CHURNERS));
     let churners: Vec<_> = (0..CHURNERS)
         .map(|c| {
@@ -475,6 +536,51 @@ fn round(
             }
         }
     }
+
+    // Ordered subscriptions: one call at a time, publish order, none twice,
+    // and what did not arrive was counted dropped.
+    let mut ordered_missing = 0u64;
+    for (i, probe) in ordered.iter().enumerate() {
+        assert_eq!(
+            probe.overlaps.load(Ordering::SeqCst),
+            0,
+            "{what}: ordered subscription {i}: calls overlapped"
+        );
+        assert_eq!(
+            probe.out_of_order.load(Ordering::SeqCst),
+            0,
+            "{what}: ordered subscription {i}: a publisher's messages out of order"
+        );
+        assert_eq!(
+            probe.seen.again.load(Ordering::Relaxed),
+            0,
+            "{what}: ordered subscription {i} got a message twice"
+        );
+        let received: u64 = published
+            .iter()
+            .enumerate()
+            .map(|(p, &count)| {
+                let first = id_of(p, 0);
+                (first..first + count)
+                    .filter(|&id| probe.seen.has(id))
+                    .count() as u64
+            })
+            .sum();
+        assert!(received > 0, "{what}: ordered subscription {i} got nothing");
+        for (p, &count) in published.iter().enumerate() {
+            let first = id_of(p, 0);
+            ordered_missing += (first..first + count)
+                .filter(|&id| !probe.seen.has(id))
+                .count() as u64;
+        }
+    }
+    assert!(
+        stats.dropped >= lost + ordered_missing,
+        "{what}: {ordered_missing} messages never reached ordered subscriptions and \
+         {lost} were lost by streams, but stats().dropped says {}",
+        stats.dropped
+    );
+    drop(ordered_subs);
 
     // Churned and kept subscriptions: within their lifetimes.
     let mut churned_deliveries = 0u64;

@@ -224,6 +224,12 @@ impl<T> Receiver<T> {
         }
     }
 
+    /// Room a lossless mailbox has for new reservations (model checks).
+    #[cfg(all(test, loom))]
+    pub(crate) fn unreserved_room(&self) -> Option<usize> {
+        self.entry.sink.room().map(|room| room.available_permits())
+    }
+
     /// The next message if one is queued, without waiting.
     pub fn try_recv(&mut self) -> Result<Arc<Message<T>>, TryRecvError> {
         if self.terminated {
