@@ -36,8 +36,9 @@ pub enum DeliveryMode {
     /// [`Config::max_inflight_tasks`] alive at once. Good for async handlers
     /// that await; needs a tokio runtime.
     TaskPerSubscriber,
-    /// Units of work run on a fixed pool of [`Config::workers`] threads fed by a
-    /// bounded queue of [`Config::queue_capacity`]. Safe for handlers that
+    /// Units of work run on a fixed pool of [`Config::workers`] threads, each
+    /// fed by a bounded queue of its own (together [`Config::queue_capacity`]).
+    /// Safe for handlers that
     /// block, and needs no runtime. The default.
     #[default]
     WorkerPool,

@@ -40,7 +40,10 @@
 //! batch for all ([`Batch::Single`], BlazeSub's policy, with its cliff).
 //! Units run on a bounded worker pool ([`DeliveryMode::WorkerPool`], the
 //! default), as tokio tasks ([`DeliveryMode::TaskPerSubscriber`]) or on the
-//! publisher's thread ([`DeliveryMode::Inline`]). When the pool's queue or the
+//! publisher's thread ([`DeliveryMode::Inline`]). In the pool, chunk `c` of
+//! every publish runs on worker `c`, so a subscription's deliveries stay on
+//! one worker (and what its handler touches, in one core's cache); a worker
+//! with nothing of its own helps the others. When a pool queue or the
 //! task cap is full, [`Overflow`] decides: the publisher runs the work itself
 //! (`CallerRuns`, the default), or it is dropped and counted (`Drop`,
 //! `Error`).
