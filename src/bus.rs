@@ -875,8 +875,12 @@ fn push_to_streams<T: Send + Sync + 'static>(
     let mut matched = 0;
     let mut dropped = 0;
     let mut claimed = SmallVec::new();
+    // Deliveries counted in flight ahead of ordered pushes and not used yet:
+    // counted a set's remainder at a time, not one by one (a shared atomic).
+    let mut spare = 0u64;
     route.for_each_stream_set(|set| {
-        for entry in set.entries(set.len()) {
+        let len = set.len();
+        for (index, entry) in set.entries(len).enumerate() {
             if !entry.is_active() || entry.sink.disconnected() {
                 continue;
             }
@@ -896,16 +900,17 @@ fn push_to_streams<T: Send + Sync + 'static>(
             if ordered {
                 // In flight from before the push: its drain may finish it
                 // at once, on another thread.
-                admitted.extend(1);
+                if spare == 0 {
+                    spare = (len - index) as u64;
+                    admitted.extend(spare);
+                }
+                spare -= 1;
             }
             let pushed = entry.sink.push(Arc::clone(message), reserved);
             dropped += pushed.dropped;
             if ordered {
                 if !pushed.queued {
-                    counters.add(&Tally {
-                        finished: 1,
-                        ..Tally::default()
-                    });
+                    spare += 1;
                 } else if entry
                     .sink
                     .consumer()
@@ -918,6 +923,13 @@ fn push_to_streams<T: Send + Sync + 'static>(
             if pushed.disconnected {
                 counters.disconnected();
             }
+        }
+        if spare > 0 {
+            counters.add(&Tally {
+                finished: spare,
+                ..Tally::default()
+            });
+            spare = 0;
         }
     });
     if dropped > 0 {

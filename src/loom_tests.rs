@@ -241,7 +241,15 @@ fn loom_pool_delivers_everything_and_stops() {
 fn loom_two_workers_deliver_everything_and_stop() {
     // One ticket per queue: the second publish finds its queue full or
     // taken by the other worker, and each wake-up reaches its own worker.
-    model(|| pool_delivers_everything_and_stops(2, 2));
+    // Three threads and the help post: two preemptions take seconds, three
+    // about five minutes (`LOOM_MAX_PREEMPTIONS=3` runs that; it is the
+    // depth that finds a stop wake-up lost to a worker taking from a full
+    // queue, the bug the hand-back rule in `pool.rs` fixes).
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(2);
+    }
+    builder.check(|| pool_delivers_everything_and_stops(2, 2));
 }
 
 fn pool_delivers_everything_and_stops(workers: usize, queue_capacity: usize) {

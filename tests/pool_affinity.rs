@@ -2,16 +2,19 @@
 //! threshold a publish is cut into one chunk per worker, and chunk `c` runs
 //! on worker `c` publish after publish, so whatever a handler keeps of its
 //! own stays in one core's cache. (A worker with nothing left of its own
-//! takes another's chunks: so "mostly", not "always".)
+//! takes another's chunks: so "mostly", not "always".) Below the threshold
+//! every free worker helps: handlers that block all run at once, even on a
+//! pool whose workers have only just started.
 
 mod common;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
 use std::thread::ThreadId;
 use std::time::Duration;
 
-use blazesub::{Bus, DeliveryMode, Message};
+use blazesub::{Batch, Bus, DeliveryMode, Message, Overflow};
 use common::wait_until;
 
 const SUBSCRIBERS: usize = 128;
@@ -63,5 +66,42 @@ fn a_subscription_stays_on_one_worker_through_a_burst() {
             "subscription {index} ran on {} threads, at most {home} of {total} on one",
             threads.len()
         );
+    }
+}
+
+#[test]
+fn below_the_threshold_every_free_worker_joins_in() {
+    const WORKERS: usize = 4;
+    for round in 0..50 {
+        // A fresh pool each round: its workers may not have started yet.
+        let bus = Bus::<u32>::builder()
+            .delivery(DeliveryMode::WorkerPool)
+            .workers(WORKERS)
+            .max_concurrent_subscriptions(WORKERS)
+            .batch(Batch::Chunked)
+            .overflow(Overflow::Drop)
+            .build()
+            .unwrap();
+        let started = Arc::new(AtomicU64::new(0));
+        let all_in = Arc::new(Barrier::new(WORKERS + 1));
+        let subscriptions: Vec<_> = (0..WORKERS)
+            .map(|_| {
+                let (started, all_in) = (Arc::clone(&started), Arc::clone(&all_in));
+                bus.subscribe("block", move |_: &Message<u32>| {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    all_in.wait();
+                })
+                .unwrap()
+            })
+            .collect();
+        bus.publish("block", round).unwrap();
+        assert!(
+            wait_until(Duration::from_secs(10), || started.load(Ordering::SeqCst)
+                == WORKERS as u64),
+            "round {round}: {} of {WORKERS} blocking handlers started",
+            started.load(Ordering::SeqCst)
+        );
+        all_in.wait();
+        drop(subscriptions);
     }
 }

@@ -93,6 +93,14 @@ struct Progress {
     fixed: bool,
 }
 
+impl<T> Fanout<T> {
+    /// Whether another runner would find units to claim and room to run.
+    pub(crate) fn wants_help(&self) -> bool {
+        self.next.load(Ordering::Relaxed) < self.total
+            && self.runners.load(Ordering::Relaxed) < self.plan.max_runners
+    }
+}
+
 impl<T: Send + Sync + 'static> Fanout<T> {
     /// The job for `message`, or `None` if it reaches no handler.
     pub(crate) fn new(

@@ -80,9 +80,10 @@ impl<T: Send + Sync + 'static> Ordered<T> {
 
     /// Runs the handler on everything queued, in order, until the mailbox
     /// is empty; then gives up the `scheduled` flag (see the module docs).
-    fn drain(&self, entry: &StreamEntry<T>, handler: &SyncCall<T>) {
-        let _present = self.env.quiescence.enter();
-        let mut tally = Tally::default();
+    /// The caller is present (see `quiesce.rs`) throughout, and adds `tally`
+    /// to the counters and unholds its `finished` afterwards: once per
+    /// chunk of drains, not per subscription.
+    fn drain(&self, entry: &StreamEntry<T>, handler: &SyncCall<T>, tally: &mut Tally) {
         loop {
             while let Ok(message) = entry.sink.try_pop() {
                 tally.finished += 1;
@@ -102,8 +103,6 @@ impl<T: Send + Sync + 'static> Ordered<T> {
                 break;
             }
         }
-        quiesce::unhold(tally.finished);
-        self.env.counters.add(&tally);
     }
 
     /// Clears `scheduled`; true if a message arrived meanwhile and this
@@ -265,13 +264,27 @@ impl<T: Send + Sync + 'static> DrainChunk<T> {
     }
 
     fn run(mut self) {
+        // Every entry of a chunk is of the same bus (one publish claimed
+        // them): one presence and one tally for all.
+        let Some(env) = self
+            .entries
+            .first()
+            .and_then(ordered_of)
+            .map(|ordered| Arc::clone(&ordered.env))
+        else {
+            return;
+        };
+        let _present = env.quiescence.enter();
+        let mut tally = Tally::default();
         while let Some(entry) = self.entries.pop() {
             if let Some(ordered) = ordered_of(&entry) {
                 if let OrderedHandler::Sync(handler) = &ordered.handler {
-                    ordered.drain(&entry, handler.as_ref());
+                    ordered.drain(&entry, handler.as_ref(), &mut tally);
                 }
             }
         }
+        quiesce::unhold(tally.finished);
+        env.counters.add(&tally);
     }
 }
 

@@ -12,6 +12,11 @@
 //!   subscription runs").
 //! - Other runners (below the threshold, or `Batch::Single`) and ordered
 //!   drains go to the queues in turn; an ordered subscription keeps one.
+//! - A runner that wants a helper (units left, room for one more runner)
+//!   *posts* its job rather than queuing a ticket for a guessed idle
+//!   worker: every worker looks at the post after announcing that it is
+//!   about to wait, and the runner wakes a waiting worker after posting, so
+//!   a worker that turns free at any moment joins in.
 //! - A worker whose own queue is empty takes tickets from the others' before
 //!   it waits, so a slow handler holds up only the worker it is on while
 //!   another has nothing to do. It waits on its own queue only; a publisher
@@ -37,7 +42,7 @@ use crate::error::Error;
 use crate::registry::entry::BoxFuture;
 use crate::stats::Tally;
 use crate::sync::channel::{self, Receiver, Sender, TrySendError};
-use crate::sync::{thread, AtomicBool, AtomicUsize, Ordering};
+use crate::sync::{thread, AtomicBool, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crossbeam_utils::CachePadded;
 
 pub(crate) enum Ticket<T> {
@@ -55,8 +60,22 @@ pub(crate) enum Ticket<T> {
 struct Shared<T> {
     queues: Vec<Sender<Ticket<T>>>,
     tickets: Vec<Receiver<Ticket<T>>>,
-    /// Per worker: waiting on its own empty queue (or about to).
+    /// Per worker: waiting on its own empty queue (or about to). Only the
+    /// worker itself changes it. Other workers take nothing from a waiting
+    /// worker's queue: it is about to take what is there itself.
     waiting: Vec<CachePadded<AtomicBool>>,
+    /// Per worker: someone has queued it a wake-up (or work) since it last
+    /// woke, so nobody else needs to. Cleared by the worker when it wakes.
+    woken: Vec<CachePadded<AtomicBool>>,
+    /// A job that wants another runner (units left, room for one more): a
+    /// worker about to wait takes it instead. Posted by a runner's claim,
+    /// taken by whoever looks first; a newer one replaces it (the older
+    /// job's own runners still finish it).
+    wanted: Mutex<Option<Arc<Fanout<T>>>>,
+    /// Per worker: running nothing (looking for work, or waiting for it).
+    /// True from the start: a worker not yet started takes what is queued
+    /// for it as soon as it does. Only the worker itself changes it.
+    free: Vec<CachePadded<AtomicBool>>,
     /// Workers waiting.
     idle: CachePadded<AtomicUsize>,
     stopping: AtomicBool,
@@ -72,6 +91,34 @@ impl<T> Shared<T> {
         }
         (0..self.waiting.len())
             .find(|&worker| worker != busy && self.waiting[worker].swap(false, Ordering::SeqCst))
+    }
+
+    fn lock_wanted(&self) -> MutexGuard<'_, Option<Arc<Fanout<T>>>> {
+        self.wanted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Posts `job` as wanting a runner and wakes a waiting worker for it.
+    /// Returns the job it replaced, for the caller to drop (a job holds a
+    /// message, user data whose drop must not run under the lock).
+    fn want_help(&self, job: &Arc<Fanout<T>>) -> Option<Arc<Fanout<T>>> {
+        let replaced = self.lock_wanted().replace(Arc::clone(job));
+        // After the post: a worker that set its waiting flag before this
+        // load looks at the post after; one that did not is seen here.
+        if let Some(worker) = self.take_waiting(usize::MAX) {
+            let _ = self.queues[worker].try_send(Ticket::Wake);
+        }
+        replaced
+    }
+
+    /// The posted job, if it still wants a runner.
+    fn take_wanted(&self) -> Option<Arc<Fanout<T>>> {
+        let job = self.lock_wanted().take()?;
+        if job.wants_help() {
+            Some(job)
+        } else {
+            drop(job); // after the lock: see `want_help`
+            None
+        }
     }
 
     /// Queues `ticket` for `worker`; if that worker is busy (it may be
@@ -104,6 +151,13 @@ impl<T: Send + Sync + 'static> Pool<T> {
             waiting: (0..workers)
                 .map(|_| CachePadded::new(AtomicBool::new(false)))
                 .collect(),
+            woken: (0..workers)
+                .map(|_| CachePadded::new(AtomicBool::new(false)))
+                .collect(),
+            free: (0..workers)
+                .map(|_| CachePadded::new(AtomicBool::new(true)))
+                .collect(),
+            wanted: Mutex::new(None),
             idle: CachePadded::new(AtomicUsize::new(0)),
             stopping: AtomicBool::new(false),
         });
@@ -247,12 +301,32 @@ fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<
 
 /// The next ticket for worker `me`: its own queue first, then the others';
 /// waits on its own when all are empty. `None` once stopping and all empty.
-fn next_ticket<T>(me: usize, shared: &Shared<T>) -> Option<Ticket<T>> {
+fn next_ticket<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> Option<Ticket<T>> {
+    let ticket = look_for_ticket(me, shared);
+    // A wake-up is no work: the worker stays free through it.
+    let work = matches!(
+        ticket,
+        Some(Ticket::Run(_) | Ticket::Chunk(..) | Ticket::Drain(_))
+    );
+    if work && shared.free[me].load(Ordering::Relaxed) {
+        shared.free[me].store(false, Ordering::SeqCst);
+    }
+    ticket
+}
+
+fn look_for_ticket<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> Option<Ticket<T>> {
     let workers = shared.tickets.len();
     if let Ok(ticket) = shared.tickets[me].try_recv() {
         return Some(ticket);
     }
+    if !shared.free[me].load(Ordering::Relaxed) {
+        shared.free[me].store(true, Ordering::SeqCst);
+    }
     for other in (1..workers).map(|offset| (me + offset) % workers) {
+        if shared.waiting[other].load(Ordering::SeqCst) {
+            // It takes its own: what it was woken for must still be there.
+            continue;
+        }
         match shared.tickets[other].try_recv() {
             // Another worker's wake-up is its own: handed back, or that
             // worker could wait for ever.
@@ -277,11 +351,19 @@ fn next_ticket<T>(me: usize, shared: &Shared<T>) -> Option<Ticket<T>> {
     }
     shared.waiting[me].store(true, Ordering::SeqCst);
     shared.idle.fetch_add(1, Ordering::SeqCst);
+    // Looked at after announcing the wait: see `Shared::want_help`.
+    if let Some(job) = shared.take_wanted() {
+        shared.idle.fetch_sub(1, Ordering::SeqCst);
+        shared.waiting[me].store(false, Ordering::SeqCst);
+        shared.woken[me].store(false, Ordering::SeqCst);
+        return Some(Ticket::Run(job));
+    }
     // Disconnected (every handle gone): the caller looks again, and stops
     // once all is run.
     let ticket = shared.tickets[me].recv().unwrap_or(Ticket::Wake);
     shared.idle.fetch_sub(1, Ordering::SeqCst);
     shared.waiting[me].store(false, Ordering::SeqCst);
+    shared.woken[me].store(false, Ordering::SeqCst);
     Some(ticket)
 }
 
@@ -295,16 +377,18 @@ struct PoolRunner<'a, T> {
 
 impl<T: Send + Sync + 'static> Runner<T> for PoolRunner<'_, T> {
     fn has_idle_capacity(&self) -> bool {
-        self.shared.idle.load(Ordering::Relaxed) > 0
+        self.shared
+            .free
+            .iter()
+            .any(|free| free.load(Ordering::Relaxed))
     }
 
     fn offer_helper(&mut self, _job: &Fanout<T>) -> bool {
-        match self.shared.take_waiting(usize::MAX) {
-            Some(worker) => self.shared.queues[worker]
-                .try_send(Ticket::Run(Arc::clone(self.job)))
-                .is_ok(),
-            None => false,
-        }
+        // Posted, not queued: the next worker about to wait takes it, so a
+        // worker that turns free later still helps.
+        let replaced = self.shared.want_help(self.job);
+        drop(replaced);
+        true
     }
 
     fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) {
