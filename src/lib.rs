@@ -209,6 +209,9 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub mod bridge;
 mod builder;
 mod bus;
 mod config;
