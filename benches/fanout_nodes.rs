@@ -40,6 +40,7 @@ use blazesub::{Bus, Message};
 use bytes::Bytes;
 use criterion::{criterion_group, Criterion};
 
+use common::report::{Chart, Report, Series, Table};
 use common::rss;
 use nats_server::NatsServer;
 
@@ -53,19 +54,19 @@ fn unix_ns() -> u128 {
 }
 
 /// What one consumer node says on its stdout, one line each.
-enum Report {
+enum Line {
     Ready { subscribe_ns: u128, rss: u64 },
     Done { event: u64, at_ns: u128 },
 }
 
-fn parse(line: &str) -> Option<Report> {
+fn parse(line: &str) -> Option<Line> {
     let mut words = line.split_whitespace();
     match words.next()? {
-        "ready" => Some(Report::Ready {
+        "ready" => Some(Line::Ready {
             subscribe_ns: words.next()?.parse().ok()?,
             rss: words.next()?.parse().ok()?,
         }),
-        "done" => Some(Report::Done {
+        "done" => Some(Line::Done {
             event: words.next()?.parse().ok()?,
             at_ns: words.next()?.parse().ok()?,
         }),
@@ -191,7 +192,7 @@ impl Nodes {
         let mut ready = 0;
         while ready < nodes {
             let (i, line) = this.next_line(Duration::from_secs(120));
-            if let Some(Report::Ready { subscribe_ns, rss }) = parse(&line) {
+            if let Some(Line::Ready { subscribe_ns, rss }) = parse(&line) {
                 this.subscribe_ns[i] = subscribe_ns;
                 this.rss[i] = rss;
                 ready += 1;
@@ -236,7 +237,7 @@ impl Nodes {
         let mut done = 0;
         while done < self.children.len() {
             let (_, line) = self.next_line(Duration::from_secs(60));
-            if let Some(Report::Done { event: e, at_ns }) = parse(&line) {
+            if let Some(Line::Done { event: e, at_ns }) = parse(&line) {
                 assert_eq!(e, event, "events out of step");
                 latest = latest.max(at_ns);
                 done += 1;
@@ -272,7 +273,8 @@ struct Run {
     messages: u64,
     subscribe_ns: u128,
     rss: Vec<u64>,
-    warm_ns: Option<f64>,
+    /// Each warm event's delivery, in order.
+    warm_ns: Vec<u64>,
 }
 
 fn connz_out(servers: &[NatsServer], nodes: usize) -> u64 {
@@ -342,7 +344,8 @@ fn run(
     );
 
     let mut event = 1;
-    let warm_ns = criterion.map(|c| {
+    let mut warm_ns: Vec<u64> = Vec::new();
+    if let Some(c) = criterion {
         let id = format!("fanout_nodes/{setup}");
         c.bench_function(&id, |b| {
             b.iter_custom(|iters| {
@@ -353,15 +356,14 @@ fn run(
                     bus.publish(EVENT, Bytes::from_static(b"the event"))
                         .expect("publish");
                     let latest = node_set.wait_event(event);
-                    total += Duration::from_nanos(latest.saturating_sub(t0) as u64);
+                    let took = latest.saturating_sub(t0) as u64;
+                    warm_ns.push(took);
+                    total += Duration::from_nanos(took);
                 }
                 total
             })
         });
-        common::report::criterion_results("fanout_nodes")
-            .get(setup)
-            .map_or(f64::NAN, |e| e.mean_ns)
-    });
+    }
     let subscribe_ns = node_set.subscribe_ns.iter().copied().max().unwrap_or(0);
     let rss = node_set.rss.clone();
     drop(node_set);
@@ -383,53 +385,122 @@ fn ms(ns: u128) -> String {
     format!("{:.1} ms", ns as f64 / 1e6)
 }
 
-fn write_page(runs: &[Run]) {
-    let mut page = String::from(
-        "# fanout_nodes: seed 002 across processes\n\n\
-         One publisher process and 10 consumer processes with 100,000 handler subscriptions each \
-         (1,000,000 in all), bridged through `nats-server`, one event \
-         (`benches/fanout_nodes.rs`; `cargo bench --features nats --bench fanout_nodes`). \
-         Delivery is from the publish call until the last of the 1,000,000 handlers ran, \
-         as reported by each node over a pipe (one machine, one clock). Messages are the \
-         engine-to-node messages for the event (`/varz` `out_msgs`; in the cluster the nodes' \
-         `/connz` `out_msgs`, as `/varz` also counts route traffic). Warm is criterion's mean \
-         over repeated events on the same processes.\n\n\
-         | setup | nodes × subscribers | delivery (first event) | warm delivery (mean) | publish call | engine→node messages | subscribe all (slowest node) | RSS per node (min–max) |\n\
-         |---|---|---|---|---|---|---|---|\n\
-         | seed 002 (Ergo, Apple M4 Max) | 10 × 100,000 | 342.4 ms | – | 64 µs | 10 | 1.84 s | – |\n",
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn write_report(runs: &[Run]) {
+    let mut report = Report::new(
+        "fanout_nodes",
+        "fanout_nodes: seed 002 across processes, through NATS",
+        &["blazesub", "async-nats", "tokio", "criterion"],
     );
+    report.environment.command = format!(
+        "cargo bench --features nats --bench fanout_nodes ({})",
+        nats_version()
+    );
+    let mut table = Table::new(
+        "1 publisher process, 10 consumer processes × 100,000 handlers, one event",
+        &[
+            "setup",
+            "delivery, first event",
+            "warm delivery: median / mean / p99",
+            "`publish` call",
+            "engine→node messages",
+            "subscribe all (slowest node)",
+            "RSS per node (min–max)",
+            "target (< 50 ms, exactly 10 messages)",
+        ],
+    );
+    table.note = "Delivery: from the `publish` call in the publisher process until the last of \
+                  the 1,000,000 handlers ran, as each node reports over a pipe (one machine, \
+                  one clock). First event: the first publish after every node subscribed. \
+                  Warm: every event of criterion's run (warm-up included) on the same \
+                  processes. Messages: the engine-to-node messages for the first event \
+                  (nats-server `/varz` `out_msgs`, equal to the nodes' `/connz` `out_msgs`; in \
+                  the cluster only the latter, as `/varz` also counts route traffic). RSS: \
+                  each node's resident memory after subscribing. Seed row: Ergo Framework on \
+                  an Apple M4 Max, from `seeds/002_…` (10 nodes in one Go process)."
+        .into();
+    table.row(vec![
+        "seed 002 (Ergo, M4 Max)".into(),
+        "342.4 ms".into(),
+        "–".into(),
+        "64 µs".into(),
+        "10".into(),
+        "1.84 s".into(),
+        "–".into(),
+        "–".into(),
+    ]);
+    let mut chart = Chart {
+        file: "fanout_nodes-delivery".into(),
+        title: "One event to 10 nodes × 100,000 handlers: delivery per event".into(),
+        x_label: "event (warm run)".into(),
+        y_label: "milliseconds until every handler ran".into(),
+        log_x: false,
+        log_y: true,
+        ..Chart::default()
+    };
+    let mut longest = 1;
     for r in runs {
+        let mut sorted = r.warm_ns.clone();
+        sorted.sort_unstable();
+        let mean = sorted.iter().sum::<u64>() as f64 / sorted.len().max(1) as f64;
         let (lo, hi) = (
             r.rss.iter().min().copied().unwrap_or(0),
             r.rss.iter().max().copied().unwrap_or(0),
         );
-        page.push_str(&format!(
-            "| {} | {} × {} | {} | {} | {:.0} µs | {} | {} | {:.0}–{:.0} MB |\n",
-            r.setup,
-            r.nodes,
-            r.subscribers,
+        let met = r.deliver_ns < 50_000_000 && r.messages == r.nodes as u64;
+        table.row(vec![
+            format!("{} ({} × {})", r.setup, r.nodes, thousands(r.subscribers)),
             ms(r.deliver_ns),
-            r.warm_ns.map_or("–".into(), |ns| ms(ns as u128)),
-            r.publish_ns as f64 / 1e3,
-            r.messages,
+            format!(
+                "{} / {} / {}",
+                ms(u128::from(percentile(&sorted, 0.5))),
+                ms(mean as u128),
+                ms(u128::from(percentile(&sorted, 0.99)))
+            ),
+            format!("{:.0} µs", r.publish_ns as f64 / 1e3),
+            r.messages.to_string(),
             ms(r.subscribe_ns),
-            lo as f64 / 1e6,
-            hi as f64 / 1e6,
-        ));
+            format!("{:.1}–{:.1} MB", lo as f64 / 1e6, hi as f64 / 1e6),
+            if met { "met" } else { "missed" }.into(),
+        ]);
+        let shown = r.warm_ns.len().min(200);
+        longest = longest.max(shown);
+        chart.series.push(Series {
+            name: r.setup.into(),
+            points: r.warm_ns[..shown]
+                .iter()
+                .enumerate()
+                .map(|(i, &ns)| ((i + 1) as f64, ns as f64 / 1e6))
+                .collect(),
+        });
     }
-    page.push_str(&format!(
-        "\nTarget (issue 10): under 50 ms on 2 cores over loopback, exactly 10 messages.\n\n\
-         Machine: {} cores; nats-server {}; measured {}.\n",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        nats_version(),
-        std::process::Command::new("date")
-            .arg("-u")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-            .unwrap_or_default(),
-    ));
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/fanout_nodes.md");
-    std::fs::write(path, page).expect("write docs/fanout_nodes.md");
+    for (name, value) in [("seed 002: 342 ms", 342.4), ("target: 50 ms", 50.0)] {
+        chart.series.push(Series {
+            name: name.into(),
+            points: vec![(1.0, value), (longest as f64, value)],
+        });
+    }
+    report.tables.push(table);
+    report.charts.push(chart);
+    report.save().expect("write docs/fanout_nodes.md");
 }
 
 fn nats_version() -> String {
@@ -477,7 +548,7 @@ fn benches(c: &mut Criterion) {
             r.rss
         );
     }
-    write_page(&runs);
+    write_report(&runs);
 }
 
 criterion_group! {

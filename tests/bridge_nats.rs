@@ -517,3 +517,103 @@ async fn a_subscribe_storm_coalesces_into_one_upstream_subscription() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_is_retried_and_exports_wait_for_it() {
+    let port = nats_server::free_port();
+    let monitor = nats_server::free_port();
+    limit(60, async {
+        let bus = inline_bus::<Bytes>();
+        // Nothing listens yet: start succeeds, the bridge keeps trying.
+        let bridge = Bridge::builder(&bus)
+            .nats(format!("nats://127.0.0.1:{port}"))
+            .name("early")
+            .export("early/#")
+            .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(100))
+            .start()
+            .await
+            .unwrap();
+        for n in 0..3 {
+            bus.publish(&format!("early/{n}"), Bytes::from_static(b"x"))
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let stats = bridge.stats();
+        assert!(!stats.connected);
+        assert_eq!((stats.sent, stats.dropped), (0, 0), "held, not lost");
+
+        let server =
+            tokio::task::spawn_blocking(move || NatsServer::start_on(port, monitor, 0, &[]))
+                .await
+                .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while bridge.stats().sent < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "not sent after connecting: {:?}",
+                bridge.stats()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(bridge.stats().dropped, 0);
+        let in_msgs = server.varz_field("in_msgs").unwrap();
+        assert_eq!(in_msgs, 3, "the server got the three held messages");
+        bridge.close().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_local_consumer_is_counted_as_a_slow_consumer() {
+    let server = NatsServer::start();
+    limit(60, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let _ba = node(&a, &server.url(), "fast", &["slow/#"], &[]).await;
+        let bb = Bridge::builder(&b)
+            .nats(server.url())
+            .name("slow")
+            .import("slow/#")
+            .import_buffer(4)
+            .start()
+            .await
+            .unwrap();
+        let handled = Arc::new(AtomicU64::new(0));
+        let h = Arc::clone(&handled);
+        // An Inline handler that blocks: the bridge's delivery waits for it,
+        // and the client's 4-message buffer overflows.
+        let _s = b
+            .subscribe("slow/+", move |_| {
+                std::thread::sleep(Duration::from_millis(20));
+                h.fetch_add(1, Ordering::Relaxed);
+            })
+            .unwrap();
+        let monitor = server_ref(&server);
+        eventually("subscribed", move || {
+            subscriptions_of(&monitor, "slow") == 1
+        })
+        .await;
+        for n in 0..200 {
+            a.publish(&format!("slow/{n}"), Bytes::from_static(b"x"))
+                .unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let stats = bb.stats();
+            if stats.received + stats.slow_consumers >= 200 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{stats:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let stats = bb.stats();
+        assert!(stats.slow_consumers > 0, "{stats:?}");
+        assert_eq!(stats.dropped, stats.slow_consumers);
+        assert_eq!(
+            stats.received + stats.slow_consumers,
+            200,
+            "every message delivered or counted"
+        );
+        assert_eq!(handled.load(Ordering::Relaxed), stats.received);
+    })
+    .await;
+}

@@ -110,8 +110,9 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
         self
     }
 
-    /// Messages the client holds per upstream subscription before it drops
-    /// them as a slow consumer (default 65,536).
+    /// Messages queued per local filter while its subscribers are busy
+    /// (default 65,536); beyond it a message is dropped and counted as a
+    /// slow consumer.
     pub fn import_buffer(mut self, messages: usize) -> Self {
         self.import_buffer = messages;
         self

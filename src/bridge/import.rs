@@ -21,7 +21,7 @@
 use std::sync::{Arc, Mutex};
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, Notify};
 
 use super::codec::Codec;
 use super::mapping::intersect;
@@ -83,6 +83,9 @@ pub(crate) struct Importer<T> {
     pub(crate) codec: Arc<dyn Codec<T>>,
     pub(crate) stats: Arc<Counters>,
     pub(crate) origin: Arc<str>,
+    /// Messages queued per local filter before they are dropped as a slow
+    /// consumer.
+    pub(crate) import_buffer: usize,
 }
 
 impl<T: Send + Sync + 'static> Importer<T> {
@@ -167,20 +170,32 @@ pub(crate) async fn reconcile<T: Send + Sync + 'static>(
 }
 
 /// The upstream subscriptions for local filter `filter`: one per import it
-/// overlaps.
+/// overlaps. Their messages go through one bounded queue per filter, read
+/// by a delivery task of the filter's own: the transport's reader never
+/// waits for local handlers (an `Inline` handler that blocks), and what
+/// does not fit is dropped and counted exactly, as a slow consumer. One
+/// queue per filter keeps each topic's order.
 async fn subscribe_filter<T: Send + Sync + 'static>(
     transport: &dyn Transport,
     importer: &Arc<Importer<T>>,
     filter: &Arc<str>,
 ) -> Vec<Box<dyn Upstream>> {
+    let (queue, mut incoming) = mpsc::channel::<(usize, Incoming)>(importer.import_buffer);
     let mut held = Vec::new();
     for (index, import) in importer.imports.iter().enumerate() {
         let Some(upstream_filter) = intersect(filter, import) else {
             continue;
         };
-        let target = Arc::clone(importer);
+        let queue = queue.clone();
+        let stats = Arc::clone(&importer.stats);
         let local = Arc::clone(filter);
-        let deliver: Deliver = Arc::new(move |message| target.deliver(&local, index, message));
+        let deliver: Deliver = Arc::new(move |message| {
+            if queue.try_send((index, message)).is_err() {
+                Counters::add(&stats.slow_consumers, 1);
+                Counters::add(&stats.dropped, 1);
+                tracing::debug!(filter = %local, "bridge: import queue full (slow consumer); message dropped");
+            }
+        });
         match transport.subscribe(&upstream_filter, deliver).await {
             Ok(upstream) => held.push(upstream),
             Err(error) => {
@@ -188,6 +203,15 @@ async fn subscribe_filter<T: Send + Sync + 'static>(
             }
         }
     }
+    // Ends once every upstream subscription (and so every sender) is gone.
+    drop(queue);
+    let target = Arc::clone(importer);
+    let local = Arc::clone(filter);
+    tokio::spawn(async move {
+        while let Some((index, message)) = incoming.recv().await {
+            target.deliver(&local, index, message);
+        }
+    });
     held
 }
 

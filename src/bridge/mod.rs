@@ -167,7 +167,7 @@ impl Bridge {
                 min: builder.backoff.0,
                 max: builder.backoff.1.max(builder.backoff.0),
             },
-            subscription_capacity: builder.import_buffer,
+            subscription_capacity: 65_536,
         };
         let transport: Arc<dyn Transport> = Arc::new(
             nats::Nats::connect(settings, Arc::clone(&stats), Arc::clone(&wake))
@@ -225,6 +225,7 @@ impl Bridge {
                 codec: builder.codec,
                 stats: Arc::clone(&stats),
                 origin: Arc::from(origin.as_str()),
+                import_buffer: builder.import_buffer,
             });
             let stop = Arc::new(Notify::new());
             tasks.push(tokio::spawn(import::reconcile(

@@ -27,8 +27,9 @@ pub struct BridgeStats {
     /// Remote payloads (or subjects) that could not be decoded; each is
     /// also logged with its topic.
     pub decode_errors: u64,
-    /// Slow-consumer events: the client's buffer for an upstream
-    /// subscription was full and a message was dropped (also in `dropped`).
+    /// Messages dropped because local delivery fell behind: the bridge's
+    /// queue for a local filter (`import_buffer`) was full, or the client
+    /// reported a slow consumer. Each is also in `dropped`.
     pub slow_consumers: u64,
     /// The node's own messages that came back from the engine and were
     /// dropped (an engine that ignores `no_echo` would otherwise loop them).
