@@ -27,6 +27,15 @@ async fn limit<F: std::future::Future<Output = ()>>(secs: u64, body: F) {
         .expect("the test ran past its time limit");
 }
 
+/// Polls `done` every 10 ms until true; panics with `what()` after 20 s.
+async fn until(mut done: impl FnMut() -> bool, what: impl Fn() -> String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting: {}", what());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Polls `check` (on a blocking thread: it may do HTTP) until true, or panics after 20 s.
 async fn eventually(what: &str, check: impl Fn() -> bool + Send + Sync + 'static) {
     let check = Arc::new(check);
@@ -64,11 +73,7 @@ async fn node(
     }
     let bridge = builder.start().await.unwrap();
     let connected = || bridge.stats().connected;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !connected() {
-        assert!(Instant::now() < deadline, "{name} did not connect");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until(connected, || format!("{name} did not connect")).await;
     bridge
 }
 
@@ -338,33 +343,29 @@ async fn server_restart_restores_subscriptions_and_counts_losses() {
 
         server.kill();
         let stats = || (ba.stats().connected, bb.stats().connected);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while stats() != (false, false) {
-            assert!(Instant::now() < deadline, "the bridges did not notice");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until(
+            || stats() == (false, false),
+            || "the bridges did not notice".to_string(),
+        )
+        .await;
         // Five while down, with room for two: three dropped, counted.
         for n in 0..5 {
             a.publish(&format!("jobs/down-{n}"), Bytes::from_static(b"x"))
                 .unwrap();
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while ba.stats().dropped < 3 {
-            assert!(
-                Instant::now() < deadline,
-                "losses not counted: {:?}",
-                ba.stats()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until(
+            || ba.stats().dropped >= 3,
+            || format!("losses not counted: {:?}", ba.stats()),
+        )
+        .await;
         assert_eq!(ba.stats().dropped, 3);
 
         server.restart();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while stats() != (true, true) {
-            assert!(Instant::now() < deadline, "the bridges did not reconnect");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until(
+            || stats() == (true, true),
+            || "the bridges did not reconnect".to_string(),
+        )
+        .await;
         assert!(ba.stats().reconnects >= 1 && bb.stats().reconnects >= 1);
         let monitor = server_ref(&server);
         eventually("subscription restored", move || {
@@ -418,15 +419,11 @@ async fn cluster_member_dying_moves_the_node_and_its_subscriptions() {
         assert!(s2.connection("b").is_some(), "b starts on s2");
 
         s2.kill();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while bb.stats().reconnects < 1 || !bb.stats().connected {
-            assert!(
-                Instant::now() < deadline,
-                "b did not fail over: {:?}",
-                bb.stats()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until(
+            || bb.stats().reconnects >= 1 && bb.stats().connected,
+            || format!("b did not fail over: {:?}", bb.stats()),
+        )
+        .await;
         publish_until("alerts/after").await;
         assert!(s3.connection("b").is_some() || s1.connection("b").is_some());
         assert_eq!(bb.stats().upstream_subscriptions, 1);
@@ -466,11 +463,11 @@ async fn bad_payloads_and_foreign_subjects_are_counted_not_fatal() {
         let g = Arc::clone(&got);
         eventually("the good one", move || g.lock().unwrap().len() == 1).await;
         assert_eq!(*got.lock().unwrap(), [vec![1, 2, 3]]);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while bridge.stats().decode_errors < 2 {
-            assert!(Instant::now() < deadline, "{:?}", bridge.stats());
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until(
+            || bridge.stats().decode_errors >= 2,
+            || format!("{:?}", bridge.stats()),
+        )
+        .await;
         assert_eq!(bridge.stats().decode_errors, 2);
         assert_eq!(bridge.stats().received, 1);
     })
@@ -546,15 +543,11 @@ async fn a_refused_connection_is_retried_and_exports_wait_for_it() {
             tokio::task::spawn_blocking(move || NatsServer::start_on(port, monitor, 0, &[]))
                 .await
                 .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while bridge.stats().sent < 3 {
-            assert!(
-                Instant::now() < deadline,
-                "not sent after connecting: {:?}",
-                bridge.stats()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until(
+            || bridge.stats().sent >= 3,
+            || format!("not sent after connecting: {:?}", bridge.stats()),
+        )
+        .await;
         assert_eq!(bridge.stats().dropped, 0);
         let in_msgs = server.varz_field("in_msgs").unwrap();
         assert_eq!(in_msgs, 3, "the server got the three held messages");
@@ -596,15 +589,11 @@ async fn a_slow_local_consumer_is_counted_as_a_slow_consumer() {
             a.publish(&format!("slow/{n}"), Bytes::from_static(b"x"))
                 .unwrap();
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let stats = bb.stats();
-            if stats.received + stats.slow_consumers >= 200 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{stats:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        until(
+            || bb.stats().received + bb.stats().slow_consumers >= 200,
+            || format!("{:?}", bb.stats()),
+        )
+        .await;
         let stats = bb.stats();
         assert!(stats.slow_consumers > 0, "{stats:?}");
         assert_eq!(stats.dropped, stats.slow_consumers);
