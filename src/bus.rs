@@ -657,7 +657,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// goes to its own filter's subscribers, and every subscriber gets the
     /// message once. The message is marked imported, so no bridge's export
     /// tap sends it out again. Returns how many subscriptions it reached.
-    #[cfg(feature = "nats")]
+    #[cfg(any(feature = "nats", feature = "mqtt"))]
     pub(crate) fn deliver_imported(
         &self,
         filter: &str,
@@ -681,7 +681,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// is not interest (no bridge subscribes upstream for it) and is not
     /// counted in [`Self::subscriptions_count`]. Drops the oldest message
     /// when full, counted in its `lost()`.
-    #[cfg(feature = "nats")]
+    #[cfg(any(feature = "nats", feature = "mqtt"))]
     pub(crate) fn subscribe_tap(
         &self,
         filter: &str,

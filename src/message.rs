@@ -72,7 +72,7 @@ impl<T> Message<T> {
     }
 
     /// Marks a message as having come in through a bridge.
-    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
     pub(crate) fn imported(mut self) -> Self {
         self.imported = true;
         self
@@ -80,7 +80,7 @@ impl<T> Message<T> {
 
     /// Whether the message came in through a bridge (so a bridge must not
     /// send it out again).
-    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
     pub(crate) fn is_imported(&self) -> bool {
         self.origin().imported
     }

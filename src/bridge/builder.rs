@@ -9,9 +9,21 @@ use crate::bus::Bus;
 use crate::error::Error;
 use crate::topic::validate_filter;
 
+/// The engine a bridge joins.
+#[derive(Clone, Debug)]
+pub(crate) enum Engine {
+    /// NATS server URL(s).
+    #[cfg(feature = "nats")]
+    Nats(String),
+    /// An MQTT 5 broker URL.
+    #[cfg(feature = "mqtt")]
+    Mqtt(String),
+}
+
 /// Builds a [`Bridge`]; made by [`Bridge::builder`].
 ///
 /// ```no_run
+/// # #[cfg(feature = "nats")]
 /// # async fn run() -> Result<(), blazesub::Error> {
 /// use blazesub::bridge::Bridge;
 /// use blazesub::Bus;
@@ -29,7 +41,7 @@ use crate::topic::validate_filter;
 #[must_use = "a builder does nothing until .start().await"]
 pub struct BridgeBuilder<T> {
     pub(crate) bus: Bus<T>,
-    pub(crate) url: Option<String>,
+    pub(crate) engine: Option<Engine>,
     pub(crate) exports: Vec<String>,
     pub(crate) imports: Vec<String>,
     pub(crate) codec: Arc<dyn Codec<T>>,
@@ -51,7 +63,7 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
     pub(crate) fn with_codec(bus: &Bus<T>, codec: Arc<dyn Codec<T>>) -> Self {
         Self {
             bus: bus.clone(),
-            url: None,
+            engine: None,
             exports: Vec::new(),
             imports: Vec::new(),
             codec,
@@ -65,9 +77,18 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
 
     /// The NATS server(s) to join: a URL, or several separated by commas
     /// (members of one cluster; the client also learns the others from the
-    /// server).
+    /// server). Feature `nats`.
+    #[cfg(feature = "nats")]
     pub fn nats(mut self, url: impl Into<String>) -> Self {
-        self.url = Some(url.into());
+        self.engine = Some(Engine::Nats(url.into()));
+        self
+    }
+
+    /// The MQTT 5 broker to join: `mqtt://host:port` (port 1883 if left
+    /// out). Feature `mqtt`.
+    #[cfg(feature = "mqtt")]
+    pub fn mqtt(mut self, url: impl Into<String>) -> Self {
+        self.engine = Some(Engine::Mqtt(url.into()));
         self
     }
 
@@ -90,7 +111,9 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
         self
     }
 
-    /// The connection's name, as the server's monitoring shows it.
+    /// The connection's name, as the server's monitoring shows it (NATS),
+    /// or the client id (MQTT; unique per broker). Default: `blazesub-`
+    /// and the node's random id.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
@@ -129,7 +152,7 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
     /// and starts the bridge. Needs a tokio runtime.
     ///
     /// Errors: [`Error::Topic`] for an invalid filter,
-    /// [`Error::InvalidArgument`] without an engine URL, with no filter at
+    /// [`Error::InvalidArgument`] without an engine, with no filter at
     /// all, or a zero buffer, [`Error::NoRuntime`] outside a runtime,
     /// [`Error::Closed`] if the bus is closed, and [`Error::Bridge`] if the
     /// client refuses the URL.

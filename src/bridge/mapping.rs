@@ -130,6 +130,7 @@ fn decode_token(token: &str, out: &mut String) -> Option<()> {
     Some(())
 }
 
+#[cfg(feature = "nats")]
 /// Escapes a metadata key or value for a NATS header: `%XX` for every byte
 /// outside visible ASCII, and for `%` and (in a name) `:`.
 pub(crate) fn escape_header(text: &str, name: bool) -> String {
@@ -148,6 +149,7 @@ pub(crate) fn escape_header(text: &str, name: bool) -> String {
     out
 }
 
+#[cfg(feature = "nats")]
 /// Undoes [`escape_header`]; text that is not an escape of ours (another
 /// client's header) is kept as it is.
 pub(crate) fn unescape_header(text: &str) -> String {

@@ -1,12 +1,16 @@
 //! The bridge: join buses on many machines through a NATS server (feature
-//! `nats`).
+//! `nats`) or an MQTT 5 broker (feature `mqtt`).
 //!
 //! Each process's bus joins an existing engine; blazesub builds no cluster
 //! of its own. A [`Bridge`] sends local publishes that match its *export*
 //! filters to the engine, and delivers the engine's messages that match its
-//! *import* filters to local subscribers.
+//! *import* filters to local subscribers. Both engines sit behind one small
+//! internal transport trait; everything below holds for both, except where
+//! it names one.
 //!
 //! ```no_run
+//! # #[cfg(not(feature = "nats"))] fn main() {}
+//! # #[cfg(feature = "nats")]
 //! # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
 //! use blazesub::bridge::{Bridge, BridgeStats};
 //! use blazesub::Bus;
@@ -42,8 +46,17 @@
 //!   the subscribers of the filter whose upstream subscription it came on.
 //! - **No loops, no echoes.** A message that came in is marked and never
 //!   exported again; a node's own exports are not delivered back to it
-//!   (NATS `no_echo`, and an origin header with the node's id, checked on
-//!   every incoming message). Its local subscribers had them once already.
+//!   (NATS `no_echo` / MQTT 5 No Local, and an origin header or user
+//!   property with the node's id, checked on every incoming message, for
+//!   brokers that ignore No Local). Its local subscribers had them once
+//!   already.
+//! - **MQTT specifics** (`mqtt.rs`): topics go as they are; two local
+//!   filters that need the same upstream filter share one MQTT subscription
+//!   (MQTT keys subscriptions by filter); every subscription carries a
+//!   subscription identifier, which routes each incoming copy to exactly
+//!   its local filters; the session starts clean and the bridge subscribes
+//!   again from its own table on every ConnAck, after a jittered backoff
+//!   that paces rumqttc's reconnects.
 //! - **At most once.** As core NATS. Order is kept per publisher and topic
 //!   (one topic always leaves through one export tap, in publish order, on
 //!   one connection). Every loss the bridge can see is counted in
@@ -67,15 +80,20 @@
 //! groups would be their equivalent), and requests/replies across nodes.
 //!
 //! Files: `builder.rs` (the builder), `stats.rs` ([`BridgeStats`]),
-//! `transport.rs` (the internal engine trait), `nats.rs` (NATS behind it),
+//! `transport.rs` (the internal engine trait), `nats.rs` and `mqtt.rs`
+//! (the engines behind it), `backoff.rs` (reconnect pacing, node ids),
 //! `mapping.rs` (topics ↔ subjects), `codec.rs` (payloads), `import.rs`
 //! (interest table, reconciler, delivery), `export.rs` (taps and sending).
 
+mod backoff;
 mod builder;
 mod codec;
 mod export;
 mod import;
 pub mod mapping;
+#[cfg(feature = "mqtt")]
+mod mqtt;
+#[cfg(feature = "nats")]
 mod nats;
 mod stats;
 mod transport;
@@ -145,9 +163,9 @@ impl Bridge {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime { what: "a bridge" });
         }
-        let Some(url) = builder.url.clone() else {
+        let Some(engine) = builder.engine.clone() else {
             return Err(Error::InvalidArgument {
-                name: "nats",
+                name: "nats/mqtt",
                 value: "none".into(),
                 reason: "must be given: the bridge needs an engine URL",
             });
@@ -155,29 +173,56 @@ impl Bridge {
         builder.bus.check_open()?;
         let stats = Arc::new(Counters::default());
         let wake = Arc::new(Notify::new());
-        let origin = nats::node_id();
-        let settings = nats::Settings {
-            url: url.clone(),
-            name: builder
-                .name
-                .clone()
-                .unwrap_or_else(|| format!("blazesub-{origin}")),
-            origin: origin.clone(),
-            backoff: nats::Backoff {
-                min: builder.backoff.0,
-                max: builder.backoff.1.max(builder.backoff.0),
-            },
-            subscription_capacity: 65_536,
+        let origin = backoff::node_id();
+        let backoff = backoff::Backoff {
+            min: builder.backoff.0,
+            max: builder.backoff.1.max(builder.backoff.0),
         };
-        let transport: Arc<dyn Transport> = Arc::new(
-            nats::Nats::connect(settings, Arc::clone(&stats), Arc::clone(&wake))
-                .await
-                .map_err(|reason| Error::Bridge {
-                    engine: "NATS",
+        let transport: Arc<dyn Transport> = match engine {
+            #[cfg(feature = "nats")]
+            builder::Engine::Nats(url) => {
+                let settings = nats::Settings {
                     url: url.clone(),
-                    reason,
-                })?,
-        );
+                    name: builder
+                        .name
+                        .clone()
+                        .unwrap_or_else(|| format!("blazesub-{origin}")),
+                    origin: origin.clone(),
+                    backoff,
+                    subscription_capacity: 65_536,
+                };
+                Arc::new(
+                    nats::Nats::connect(settings, Arc::clone(&stats), Arc::clone(&wake))
+                        .await
+                        .map_err(|reason| Error::Bridge {
+                            engine: "NATS",
+                            url,
+                            reason,
+                        })?,
+                )
+            }
+            #[cfg(feature = "mqtt")]
+            builder::Engine::Mqtt(url) => {
+                let settings = mqtt::Settings {
+                    url: url.clone(),
+                    client_id: builder
+                        .name
+                        .clone()
+                        .unwrap_or_else(|| format!("blazesub-{origin}")),
+                    origin: origin.clone(),
+                    backoff,
+                };
+                Arc::new(
+                    mqtt::Mqtt::connect(settings, Arc::clone(&stats), Arc::clone(&wake)).map_err(
+                        |reason| Error::Bridge {
+                            engine: "MQTT",
+                            url,
+                            reason,
+                        },
+                    )?,
+                )
+            }
+        };
         let bus = builder.bus;
         let exports: Arc<[Arc<str>]> = builder.exports.iter().map(|f| Arc::from(&**f)).collect();
         let imports: Arc<[Arc<str>]> = builder.imports.iter().map(|f| Arc::from(&**f)).collect();

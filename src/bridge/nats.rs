@@ -5,7 +5,7 @@
 //!   the header [`ORIGIN_HEADER`], so a node drops its own messages even if
 //!   the server ignored `no_echo` (which is set too).
 //! - Reconnects: the client reconnects by itself, after a jittered
-//!   exponential delay this module computes ([`Backoff`]), forever; it
+//!   exponential delay (`backoff.rs`), forever; it
 //!   restores every subscription it holds, and the bridge holds exactly the
 //!   subscriptions of its table. Connection events are counted and wake the
 //!   export task, which then sends what it buffered while disconnected.
@@ -23,6 +23,7 @@ use async_nats::{Client, ConnectOptions, Event, HeaderMap, HeaderName, HeaderVal
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use super::backoff::Backoff;
 use super::mapping::{
     escape_header, filter_to_subjects, subject_to_topic, topic_to_subject, unescape_header,
 };
@@ -37,48 +38,6 @@ pub(crate) const ORIGIN_HEADER: &str = "Blazesub-Origin";
 /// default `max_control_line` is 4 KiB, and a longer protocol line makes it
 /// close the connection.
 const MAX_SUBJECT: usize = 3_900;
-
-/// Reconnect delays: exponential from `min` to `max`, each one jittered
-/// down by up to half, so many nodes that lost one server do not come back
-/// in step.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Backoff {
-    pub(crate) min: Duration,
-    pub(crate) max: Duration,
-}
-
-impl Backoff {
-    /// The delay before reconnect attempt `attempt` (0 for the first).
-    pub(crate) fn delay(&self, attempt: usize) -> Duration {
-        let exp = self
-            .min
-            .saturating_mul(1u32 << attempt.min(20) as u32)
-            .min(self.max);
-        // Half fixed, half random.
-        let half = exp / 2;
-        half + half.mul_f64(random_unit())
-    }
-}
-
-/// A number in [0, 1), from the standard library's randomly keyed hasher.
-fn random_unit() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64),
-    );
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// A node id: random, 16 hex digits.
-pub(crate) fn node_id() -> String {
-    format!(
-        "{:016x}",
-        (random_unit() * (1u64 << 53) as f64) as u64 ^ u64::from(std::process::id())
-    )
-}
 
 pub(crate) struct Nats {
     client: Client,

@@ -51,7 +51,7 @@ pub(crate) enum Kind {
     Streams,
     /// A hidden stream subscription: a bridge's export tap, which is not
     /// interest (see `trie::Interest`).
-    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
     Tap,
 }
 

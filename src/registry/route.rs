@@ -56,7 +56,7 @@ impl<T> Route<T> {
 
     /// A route to exactly one node, for a bridge delivering a remote message
     /// to one filter's subscribers (not cached).
-    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
     pub(crate) fn single(topic: Arc<str>, node: Arc<NodeSubs<T>>) -> Self {
         Route {
             generation: 0,

@@ -404,7 +404,7 @@ impl<T: 'static> Trie<T> {
     /// export tap. It receives what matches like any stream, but is not
     /// interest (watchers are not told of it) and is not counted in
     /// [`Self::subscriptions`]. Remove it with [`Kind::Tap`].
-    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
     pub(crate) fn insert_tap(
         &self,
         filter: &str,
@@ -421,7 +421,7 @@ impl<T: 'static> Trie<T> {
     /// Registers `watcher` for interest changes and returns the filters
     /// that have visible subscriptions now, as its starting point: every
     /// later change reaches it, none before (see [`Interest`]).
-    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
     pub(crate) fn watch(&self, watcher: Arc<dyn Interest>) -> Vec<Arc<str>> {
         let mut writer = self.lock();
         let mut all: Vec<Arc<dyn Interest>> = writer
@@ -441,7 +441,7 @@ impl<T: 'static> Trie<T> {
 
     /// Unregisters `watcher` (compared by address). The watcher list it
     /// was in is dropped after the lock.
-    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
     pub(crate) fn unwatch(&self, watcher: &Arc<dyn Interest>) {
         let old = {
             let mut writer = self.lock();
@@ -461,7 +461,7 @@ impl<T: 'static> Trie<T> {
     /// The node of exactly `filter` (not the filters matching it), from
     /// the current snapshot: no lock. For a bridge that delivers a remote
     /// message to one filter's subscribers only.
-    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
     pub(crate) fn exact(&self, filter: &str) -> Option<Arc<NodeSubs<T>>> {
         let root = self.root.load_full();
         let mut node: &Node<T> = &root;
