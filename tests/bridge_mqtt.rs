@@ -3,8 +3,9 @@
 //! filters (mosquitto sends one copy per matching subscription, each with
 //! its subscription identifier), two local filters sharing one upstream
 //! filter, three nodes with no loops (No Local), a broker restart (the
-//! session starts clean: the bridge resubscribes from its table), and bad
-//! payloads.
+//! session starts clean: the bridge resubscribes from its table), bad
+//! payloads; and against an embedded rumqttd, which ignores No Local, the
+//! origin property stopping echoes.
 //!
 //! Needs `mosquitto` (Debian: `apt-get install -y mosquitto`); without it
 //! these tests fail, never skip. Each test has a time limit.
@@ -265,6 +266,83 @@ async fn bad_payloads_are_counted_not_fatal() {
         )
         .await;
         assert_eq!(*got.lock().unwrap(), [vec![1, 2, 3]]);
+    })
+    .await;
+}
+
+/// An embedded rumqttd with an MQTT 5 listener on a free port. rumqttd
+/// cannot be stopped: its threads end with the test process.
+fn rumqttd_v5() -> String {
+    use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let server = ServerSettings {
+        name: "v5".into(),
+        listen: ([127, 0, 0, 1], port).into(),
+        tls: None,
+        next_connection_delay_ms: 1,
+        connections: ConnectionSettings {
+            connection_timeout_ms: 5_000,
+            max_payload_size: 1 << 20,
+            max_inflight_count: 100,
+            auth: None,
+            external_auth: None,
+            dynamic_filters: true,
+        },
+    };
+    let config = Config {
+        id: 0,
+        router: RouterConfig {
+            max_connections: 64,
+            max_outgoing_packet_count: 200,
+            max_segment_size: 1 << 20,
+            max_segment_count: 10,
+            ..RouterConfig::default()
+        },
+        v5: Some([("v5".to_string(), server)].into_iter().collect()),
+        ..Config::default()
+    };
+    std::thread::spawn(move || {
+        let mut broker = Broker::new(config);
+        let _ = broker.start();
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "rumqttd did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    format!("mqtt://127.0.0.1:{port}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_origin_property_stops_echoes_where_the_broker_ignores_no_local() {
+    let url = rumqttd_v5();
+    limit(60, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let ba = node(&a, &url, "a", &["echo/#"], &["echo/#"]).await;
+        let bb = node(&b, &url, "b", &["echo/#"], &["echo/#"]).await;
+        let (seen_a, seen_b) = (Seen::default(), Seen::default());
+        let _sa = a.subscribe("echo/#", seen_a.handler()).unwrap();
+        let _sb = b.subscribe("echo/#", seen_b.handler()).unwrap();
+        subscribed(&ba, 1).await;
+        subscribed(&bb, 1).await;
+        a.publish("echo/1", Bytes::from_static(b"1")).unwrap();
+        until(|| seen_b.len() == 1, || format!("{:?}", bb.stats())).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            seen_a.topics(),
+            ["echo/1"],
+            "a's own subscriber: once, locally"
+        );
+        assert_eq!(seen_b.topics(), ["echo/1"], "b: once, and not sent back");
+        let (sa, sb) = (ba.stats(), bb.stats());
+        assert_eq!((sa.sent, sa.received), (1, 0), "{sa:?}");
+        assert_eq!((sb.sent, sb.received), (0, 1), "{sb:?}");
+        // rumqttd sent a's message back to a (it ignores No Local); the
+        // origin property dropped it.
+        assert!(sa.echoes >= 1, "{sa:?}");
     })
     .await;
 }
