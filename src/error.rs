@@ -128,11 +128,11 @@ pub enum Error {
     #[error("could not start a worker thread: {0}")]
     Spawn(#[source] std::io::Error),
 
-    /// A bridge (feature `nats`) could not start or stop: the engine's
-    /// client refused its settings.
+    /// A bridge (features `nats`, `mqtt`) could not start: the engine's
+    /// client refused its settings (a URL it cannot parse, for one).
     #[error("the bridge to {engine} at {url:?} failed: {reason}")]
     Bridge {
-        /// The engine: `"NATS"`.
+        /// The engine: `"NATS"` or `"MQTT"`.
         engine: &'static str,
         /// The URL given to the bridge.
         url: String,

@@ -606,3 +606,63 @@ async fn a_slow_local_consumer_is_counted_as_a_slow_consumer() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn misuse_gets_its_exact_error() {
+    use blazesub::Error;
+    let bus = inline_bus::<Bytes>();
+    let no_engine = Bridge::builder(&bus).export("a/#").start().await;
+    assert!(matches!(
+        no_engine,
+        Err(Error::InvalidArgument {
+            name: "nats/mqtt",
+            ..
+        })
+    ));
+    let no_filter = Bridge::builder(&bus)
+        .nats("nats://127.0.0.1:1")
+        .start()
+        .await;
+    assert!(matches!(
+        no_filter,
+        Err(Error::InvalidArgument {
+            name: "export/import",
+            ..
+        })
+    ));
+    let bad_filter = Bridge::builder(&bus)
+        .nats("nats://127.0.0.1:1")
+        .import("a/#/b")
+        .start()
+        .await;
+    assert!(matches!(bad_filter, Err(Error::Topic(_))));
+    let shared = Bridge::builder(&bus)
+        .nats("nats://127.0.0.1:1")
+        .import("$share/g/a")
+        .start()
+        .await;
+    assert!(matches!(
+        shared,
+        Err(Error::InvalidArgument { name: "filter", .. })
+    ));
+    let bad_url = Bridge::builder(&bus)
+        .nats("nats://127.0.0.1:notaport")
+        .import("a/#")
+        .start()
+        .await;
+    match bad_url {
+        Err(Error::Bridge {
+            engine: "NATS",
+            url,
+            ..
+        }) => assert!(url.contains("notaport")),
+        other => panic!("{other:?}"),
+    }
+    bus.close().await.unwrap();
+    let closed = Bridge::builder(&bus)
+        .nats("nats://127.0.0.1:1")
+        .import("a/#")
+        .start()
+        .await;
+    assert!(matches!(closed, Err(Error::Closed)));
+}
