@@ -346,3 +346,38 @@ async fn the_origin_property_stops_echoes_where_the_broker_ignores_no_local() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_payloads_cross_and_oversized_ones_are_refused_not_fatal() {
+    let broker = Mosquitto::start();
+    limit(60, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let ba = node(&a, &broker.url(), "a", &["big/#"], &[]).await;
+        let bb = node(&b, &broker.url(), "b", &[], &["big/#"]).await;
+        let seen = Seen::default();
+        let _s = b.subscribe("big/+", seen.handler()).unwrap();
+        subscribed(&bb, 1).await;
+        // rumqttc's default limit is 10 KiB; the bridge raises it to 1 MiB.
+        a.publish("big/100k", Bytes::from(vec![7u8; 100_000]))
+            .unwrap();
+        a.publish("big/2m", Bytes::from(vec![7u8; 2 << 20]))
+            .unwrap();
+        a.publish("big/after", Bytes::from_static(b"small"))
+            .unwrap();
+        until(
+            || seen.len() == 2,
+            || format!("{:?} {:?}", ba.stats(), bb.stats()),
+        )
+        .await;
+        assert_eq!(seen.topics(), ["big/100k", "big/after"]);
+        assert_eq!(seen.0.lock().unwrap()[0].1.len(), 100_000);
+        let (sa, sb) = (ba.stats(), bb.stats());
+        assert_eq!(
+            (sa.sent, sa.dropped),
+            (2, 1),
+            "the 2 MiB one refused, counted"
+        );
+        assert_eq!((sa.reconnects, sb.reconnects), (0, 0), "no connection lost");
+    })
+    .await;
+}

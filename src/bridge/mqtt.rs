@@ -40,6 +40,13 @@ use crate::topic::matches;
 /// The user property that carries the sending node's id.
 pub(crate) const ORIGIN_PROPERTY: &str = "blazesub-origin";
 
+/// The largest packet the bridge accepts and sends (1 MiB, NATS's default
+/// `max_payload`). rumqttc's own default is 10 KiB, and a packet over its
+/// limit, either way, ends the connection; so larger incoming packets are
+/// allowed up to this, and larger outgoing ones are refused and counted
+/// before they reach the client.
+const MAX_PACKET: u32 = 1 << 20;
+
 /// One filter's upstream subscription and who receives its messages.
 struct Entry {
     id: usize,
@@ -99,6 +106,7 @@ impl Mqtt {
         let mut options = MqttOptions::new(settings.client_id, host, port);
         options.set_clean_start(true);
         options.set_keep_alive(Duration::from_secs(10));
+        options.set_max_packet_size(Some(MAX_PACKET));
         let (client, event_loop) = AsyncClient::new(options, 1_024);
         let shared = Arc::new(Shared {
             client,
@@ -310,6 +318,18 @@ impl Transport for Mqtt {
             let mut user_properties = vec![(ORIGIN_PROPERTY.to_owned(), self.origin.clone())];
             if let Some(metadata) = &message.metadata {
                 user_properties.extend(metadata.iter().map(|(k, v)| (k.to_owned(), v.to_owned())));
+            }
+            let size = message.payload.len()
+                + message.topic.len()
+                + user_properties
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 5)
+                    .sum::<usize>();
+            // Headroom for the fixed header and the other properties.
+            if size + 64 > MAX_PACKET as usize {
+                return Err(SendError::Refused(format!(
+                    "its packet of about {size} bytes is over the bridge's MQTT limit of {MAX_PACKET}"
+                )));
             }
             let properties = PublishProperties {
                 user_properties,

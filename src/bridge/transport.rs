@@ -45,7 +45,6 @@ pub(crate) enum SendError {
     /// The connection is down (or went down): buffer and retry.
     Disconnected,
     /// The message cannot ever go out (too big, bad subject): drop it.
-    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
     Refused(String),
 }
 
