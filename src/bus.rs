@@ -650,15 +650,94 @@ impl<T: Send + Sync + 'static> Bus<T> {
         self.fan_out(admitted, topic, route, message, Some(reservations))
     }
 
+    /// Delivers a message that came in through a bridge to the
+    /// subscriptions whose filter is exactly `filter` (none of the others,
+    /// and no shared group): a bridge receives one copy per upstream
+    /// subscription, so with overlapping filters (`a/#`, `a/+`) each copy
+    /// goes to its own filter's subscribers, and every subscriber gets the
+    /// message once. The message is marked imported, so no bridge's export
+    /// tap sends it out again. Returns how many subscriptions it reached.
+    #[cfg(any(feature = "nats", feature = "mqtt"))]
+    pub(crate) fn deliver_imported(
+        &self,
+        filter: &str,
+        topic: &str,
+        data: T,
+        metadata: Option<Metadata>,
+    ) -> Result<usize, Error> {
+        let inner = &*self.inner;
+        let admitted = inner.env.counters.begin_publish()?;
+        validate_topic(topic)?;
+        let Some(node) = inner.trie.exact(filter) else {
+            return Ok(0);
+        };
+        let route = Arc::new(Route::single(Arc::from(topic), node));
+        let message = Message::stamped(Arc::clone(&route.topic), data, metadata).imported();
+        self.fan_out_to(admitted, topic, route, Arc::new(message), None, false)
+            .map_err(|rejected| rejected.error)
+    }
+
+    /// A hidden stream subscription on `filter` for a bridge's exports: it
+    /// is not interest (no bridge subscribes upstream for it) and is not
+    /// counted in [`Self::subscriptions_count`]. Drops the oldest message
+    /// when full, counted in its `lost()`.
+    #[cfg(any(feature = "nats", feature = "mqtt"))]
+    pub(crate) fn subscribe_tap(
+        &self,
+        filter: &str,
+        capacity: usize,
+    ) -> Result<Receiver<T>, Error> {
+        validate_filter(filter)?;
+        self.check_open()?;
+        let id = self.next_id();
+        let mut made = None;
+        self.inner
+            .trie
+            .insert_tap(filter, |filter| {
+                let entry = Arc::new(Subscriber::new(
+                    id,
+                    Mailbox::with_overflow(capacity.max(1), StreamOverflow::DropOldest),
+                ));
+                made = Some((Arc::clone(&entry), filter));
+                entry
+            })
+            .map_err(|InsertError::Closed| Error::Closed)?;
+        let (entry, filter) = made.expect("insert made the entry");
+        let subscription = self.handle(
+            Arc::clone(&entry) as Arc<dyn EntryControl>,
+            filter,
+            Kind::Tap,
+        );
+        Ok(Receiver::new(
+            entry,
+            Arc::clone(&self.inner.env.counters),
+            subscription,
+        ))
+    }
+
     /// The second half of a publish: `message` (to `route`'s topic) goes to
     /// every stream, handler and shared group the route reaches.
     pub(crate) fn fan_out(
+        &self,
+        admitted: PublishGuard<'_>,
+        topic: &str,
+        route: Arc<Route<T>>,
+        message: Arc<Message<T>>,
+        reserved: Option<Reservations<T>>,
+    ) -> Result<usize, Rejected<T>> {
+        self.fan_out_to(admitted, topic, route, message, reserved, true)
+    }
+
+    /// [`Self::fan_out`], reaching shared groups only if `shared`.
+    #[inline]
+    fn fan_out_to(
         &self,
         mut admitted: PublishGuard<'_>,
         topic: &str,
         route: Arc<Route<T>>,
         message: Arc<Message<T>>,
         reserved: Option<Reservations<T>>,
+        shared: bool,
     ) -> Result<usize, Rejected<T>> {
         let inner = &*self.inner;
         let counters = &inner.env.counters;
@@ -693,7 +772,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let mut sets = route.handler_sets();
         drop(route);
         matched += sets.iter().map(|set| set.live()).sum::<usize>();
-        matched += inner.shared.route(&message, &mut sets, counters);
+        if shared {
+            matched += inner.shared.route(&message, &mut sets, counters);
+        }
         if let Some(job) = Fanout::new(message, sets, &inner.policy) {
             admitted.accept(job.total());
             let dropped = inner.dispatcher.dispatch(job, &inner.env);

@@ -127,6 +127,18 @@ pub enum Error {
     /// The operating system refused to start a worker thread.
     #[error("could not start a worker thread: {0}")]
     Spawn(#[source] std::io::Error),
+
+    /// A bridge (features `nats`, `mqtt`) could not start: the engine's
+    /// client refused its settings (a URL it cannot parse, for one).
+    #[error("the bridge to {engine} at {url:?} failed: {reason}")]
+    Bridge {
+        /// The engine: `"NATS"` or `"MQTT"`.
+        engine: &'static str,
+        /// The URL given to the bridge.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 /// A publish the bus refused, from [`Bus::try_publish`](crate::Bus::try_publish):

@@ -209,9 +209,20 @@
 //! including when its future is dropped. A request to a shared subscription
 //! goes to one member: a load-balanced service. See [`Bus::request`] for an
 //! example.
+//!
+//! # Many processes: the bridge (features `nats`, `mqtt`)
+//! `blazesub::bridge::Bridge` joins the buses of many processes or machines
+//! through a NATS server or an MQTT 5 broker: local publishes matching its export filters go
+//! out, remote ones matching its import filters come in, with one upstream
+//! subscription per distinct local filter, exactly one delivery per
+//! subscriber, and no loops. At most once; every loss counted. See the
+//! `bridge` module (built with `--features nats` or `mqtt`) and `docs/bridge.md`.
 
 #![forbid(unsafe_code)]
 
+#[cfg(any(feature = "nats", feature = "mqtt"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "nats", feature = "mqtt"))))]
+pub mod bridge;
 mod builder;
 mod bus;
 mod config;

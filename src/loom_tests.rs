@@ -146,7 +146,7 @@ fn loom_lookup_after_a_remove_never_sees_it() {
                 cache.route(&trie, "a/b");
             })
         };
-        assert!(trie.remove::<Handlers>("a/b", &*victim));
+        assert!(trie.remove::<Handlers>("a/b", false, &*victim));
         let ids = active_ids(&cache.route(&trie, "a/b"));
         assert_eq!(ids, [2]);
         reader.join().unwrap();

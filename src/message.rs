@@ -33,6 +33,8 @@ pub struct Message<T> {
     retained: bool,
     /// Where a reply goes, on a request (see `request.rs`).
     reply_to: Option<Arc<str>>,
+    /// Came in through a bridge: its export taps skip it (no loops).
+    imported: bool,
 }
 
 /// The value a message carries: its own, or (for a retained message handed
@@ -65,7 +67,22 @@ impl<T> Message<T> {
             seq: 0,
             retained: false,
             reply_to: None,
+            imported: false,
         }
+    }
+
+    /// Marks a message as having come in through a bridge.
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
+    pub(crate) fn imported(mut self) -> Self {
+        self.imported = true;
+        self
+    }
+
+    /// Whether the message came in through a bridge (so a bridge must not
+    /// send it out again).
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
+    pub(crate) fn is_imported(&self) -> bool {
+        self.origin().imported
     }
 
     /// Marks a message as the retained store's number `seq`.
@@ -97,6 +114,7 @@ impl<T> Message<T> {
             seq: 0,
             retained: true,
             reply_to: None,
+            imported: false,
         }
     }
 

@@ -49,6 +49,10 @@ pub(crate) enum Kind {
     Handlers,
     /// Stream subscriptions.
     Streams,
+    /// A hidden stream subscription: a bridge's export tap, which is not
+    /// interest (see `trie::Interest`).
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
+    Tap,
 }
 
 /// What a user's handle can ask of the trie it subscribed in, without

@@ -54,6 +54,17 @@ impl<T> Route<T> {
         }
     }
 
+    /// A route to exactly one node, for a bridge delivering a remote message
+    /// to one filter's subscribers (not cached).
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
+    pub(crate) fn single(topic: Arc<str>, node: Arc<NodeSubs<T>>) -> Self {
+        Route {
+            generation: 0,
+            topic,
+            nodes: Box::new([node]),
+        }
+    }
+
     /// The current handler sets of the route's nodes (empty ones left out).
     #[inline]
     pub(crate) fn handler_sets(&self) -> HandlerSets<T> {

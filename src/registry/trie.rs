@@ -73,6 +73,9 @@ pub(crate) struct Released<T> {
     nodes: SmallVec<[Arc<NodeSubs<T>>; 1]>,
     handler_sets: SmallVec<[Arc<HandlerSet<T>>; 2]>,
     stream_sets: SmallVec<[Arc<StreamSet<T>>; 2]>,
+    /// A filter that gained its first or lost its last visible subscription,
+    /// told to the watchers once the lock is released (see [`Interest`]).
+    interest: Option<InterestChange>,
 }
 
 impl<T> Released<T> {
@@ -82,8 +85,48 @@ impl<T> Released<T> {
             nodes: SmallVec::new(),
             handler_sets: SmallVec::new(),
             stream_sets: SmallVec::new(),
+            interest: None,
         }
     }
+}
+
+/// Tells the watchers of an interest change once every lock is released:
+/// [`Released`] is dropped after the writer lock (and any lock of the
+/// caller's), so a watcher never runs under one.
+impl<T> Drop for Released<T> {
+    fn drop(&mut self) {
+        if let Some(change) = self.interest.take() {
+            for watcher in change.watchers.iter() {
+                watcher.changed(&change.filter, change.gained);
+            }
+        }
+    }
+}
+
+/// What watches which distinct filters have subscribers (a bridge, which
+/// holds one upstream subscription per such filter). Called with no lock
+/// of the bus held, from the thread that subscribed or unsubscribed; it
+/// must be quick and must not block (a bridge updates a table and wakes its
+/// task).
+///
+/// Only *visible* subscriptions count: those a user made, not a bridge's
+/// own export taps ([`Trie::insert_tap`]). Changes for one filter may reach
+/// a watcher out of order when two threads race; `gained` is +1 and a loss
+/// -1 of a count whose sum is always right, so a watcher keeps a signed
+/// count per filter rather than a flag.
+pub(crate) trait Interest: Send + Sync {
+    /// `filter` gained its first (`gained`) or lost its last (`!gained`)
+    /// visible subscription.
+    fn changed(&self, filter: &Arc<str>, gained: bool);
+}
+
+/// The watchers registered on a trie, shared with each change.
+type Watchers = Arc<[Arc<dyn Interest>]>;
+
+struct InterestChange {
+    filter: Arc<str>,
+    gained: bool,
+    watchers: Watchers,
 }
 
 type Children<T> =
@@ -228,6 +271,28 @@ struct Writer<T> {
     /// Every node that has subscriptions, by its filter: subscribing to or
     /// unsubscribing from an existing filter is one hash lookup, not a walk.
     by_filter: FxHashMap<Arc<str>, Arc<NodeSubs<T>>>,
+    /// Hidden subscriptions (a bridge's export taps) per filter: they count
+    /// in a node's `live`, but not as interest, nor in `subscriptions`.
+    hidden: FxHashMap<Arc<str>, usize>,
+    /// Who is told of interest changes; `None` (the usual case) costs a
+    /// subscribe one branch.
+    watchers: Option<Watchers>,
+}
+
+impl<T> Writer<T> {
+    /// Visible subscriptions under `filter` (exact under the lock).
+    fn visible(&self, filter: &str) -> usize {
+        let live = self.by_filter.get(filter).map_or(0, |subs| subs.live());
+        live - self.hidden.get(filter).copied().unwrap_or(0)
+    }
+
+    fn interest_change(&self, filter: &Arc<str>, gained: bool) -> Option<InterestChange> {
+        self.watchers.as_ref().map(|watchers| InterestChange {
+            filter: Arc::clone(filter),
+            gained,
+            watchers: Arc::clone(watchers),
+        })
+    }
 }
 
 pub(crate) struct Trie<T> {
@@ -262,6 +327,8 @@ impl<T: 'static> Trie<T> {
             writer: Mutex::new(Writer {
                 closed: false,
                 by_filter: FxHashMap::default(),
+                hidden: FxHashMap::default(),
+                watchers: None,
             }),
         }
     }
@@ -327,9 +394,81 @@ impl<T: 'static> Trie<T> {
         // Passed by reference: if the bus is closed, the entry-maker (which
         // owns the user's closure) is dropped here, after the lock, too.
         let mut make = Some(make);
-        let result = self.insert_locked::<K>(&mut self.lock(), filter, &mut make, &mut released);
+        let result =
+            self.insert_locked::<K>(&mut self.lock(), filter, false, &mut make, &mut released);
         drop(released);
         result
+    }
+
+    /// Adds a *hidden* stream subscription under `filter`: a bridge's
+    /// export tap. It receives what matches like any stream, but is not
+    /// interest (watchers are not told of it) and is not counted in
+    /// [`Self::subscriptions`]. Remove it with [`Kind::Tap`].
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
+    pub(crate) fn insert_tap(
+        &self,
+        filter: &str,
+        make: impl FnOnce(Arc<str>) -> Arc<Subscriber<T, Mailbox<T>>>,
+    ) -> Result<(), InsertError> {
+        let mut released = Released::new();
+        let mut make = Some(make);
+        let result =
+            self.insert_locked::<Streams>(&mut self.lock(), filter, true, &mut make, &mut released);
+        drop(released);
+        result
+    }
+
+    /// Registers `watcher` for interest changes and returns the filters
+    /// that have visible subscriptions now, as its starting point: every
+    /// later change reaches it, none before (see [`Interest`]).
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
+    pub(crate) fn watch(&self, watcher: Arc<dyn Interest>) -> Vec<Arc<str>> {
+        let mut writer = self.lock();
+        let mut all: Vec<Arc<dyn Interest>> = writer
+            .watchers
+            .as_deref()
+            .map(<[_]>::to_vec)
+            .unwrap_or_default();
+        all.push(watcher);
+        writer.watchers = Some(all.into());
+        writer
+            .by_filter
+            .keys()
+            .filter(|filter| writer.visible(filter) > 0)
+            .cloned()
+            .collect()
+    }
+
+    /// Unregisters `watcher` (compared by address). The watcher list it
+    /// was in is dropped after the lock.
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
+    pub(crate) fn unwatch(&self, watcher: &Arc<dyn Interest>) {
+        let old = {
+            let mut writer = self.lock();
+            let old = writer.watchers.take();
+            let rest: Vec<Arc<dyn Interest>> = old
+                .iter()
+                .flat_map(|all| all.iter())
+                .filter(|w| !Arc::ptr_eq(w, watcher))
+                .cloned()
+                .collect();
+            writer.watchers = (!rest.is_empty()).then(|| rest.into());
+            old
+        };
+        drop(old);
+    }
+
+    /// The node of exactly `filter` (not the filters matching it), from
+    /// the current snapshot: no lock. For a bridge that delivers a remote
+    /// message to one filter's subscribers only.
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
+    pub(crate) fn exact(&self, filter: &str) -> Option<Arc<NodeSubs<T>>> {
+        let root = self.root.load_full();
+        let mut node: &Node<T> = &root;
+        for level in filter.split('/') {
+            node = node.child(level)?;
+        }
+        node.subs.clone()
     }
 
     /// [`Self::insert`], leaving what the insert replaced in `released`, and
@@ -352,7 +491,7 @@ impl<T: 'static> Trie<T> {
         if !writer.closed && refuse() {
             return Ok(false);
         }
-        self.insert_locked::<K>(&mut writer, filter, make, released)
+        self.insert_locked::<K>(&mut writer, filter, false, make, released)
             .map(|()| true)
     }
 
@@ -368,6 +507,7 @@ impl<T: 'static> Trie<T> {
         &self,
         writer: &mut Writer<T>,
         filter: &str,
+        hidden: bool,
         make: &mut Option<impl FnOnce(Arc<str>) -> Arc<Subscriber<T, K::Sink>>>,
         released: &mut Released<T>,
     ) -> Result<(), InsertError> {
@@ -375,7 +515,14 @@ impl<T: 'static> Trie<T> {
             return Err(InsertError::Closed);
         }
         let make = make.take().expect("insert_locked runs once per insert");
-        self.subscriptions.fetch_add(1, Ordering::Relaxed);
+        if hidden {
+            self.note_hidden(writer, filter, true);
+        } else {
+            self.subscriptions.fetch_add(1, Ordering::Relaxed);
+            if writer.watchers.is_some() && writer.visible(filter) == 0 {
+                released.interest = writer.interest_change(&Arc::from(filter), true);
+            }
+        }
         if let Some(subs) = writer.by_filter.get(filter) {
             let cell = K::cell(subs);
             let entry = make(Arc::clone(&subs.filter));
@@ -401,14 +548,32 @@ impl<T: 'static> Trie<T> {
         Ok(())
     }
 
+    /// Counts a hidden subscription in or out under `filter`.
+    fn note_hidden(&self, writer: &mut Writer<T>, filter: &str, added: bool) {
+        if added {
+            *writer.hidden.entry(Arc::from(filter)).or_insert(0) += 1;
+        } else if let Some(count) = writer.hidden.get_mut(filter) {
+            *count -= 1;
+            if *count == 0 {
+                writer.hidden.remove(filter);
+            }
+        }
+    }
+
     /// Removes a subscription added under `filter`: clears its flag, so no
     /// delivery that has not started will run, then tidies the trie. Returns
     /// whether this call removed it (false if it already was). What it
     /// releases (possibly the entry's last reference, and with it the user's
     /// closure) is dropped after the writer lock is released.
-    pub(crate) fn remove<K: SetKind<T>>(&self, filter: &str, entry: &dyn EntryControl) -> bool {
+    pub(crate) fn remove<K: SetKind<T>>(
+        &self,
+        filter: &str,
+        hidden: bool,
+        entry: &dyn EntryControl,
+    ) -> bool {
         let mut released = Released::new();
-        let removed = self.remove_locked::<K>(&mut self.lock(), filter, entry, &mut released);
+        let removed =
+            self.remove_locked::<K>(&mut self.lock(), filter, hidden, entry, &mut released);
         drop(released);
         removed
     }
@@ -417,6 +582,7 @@ impl<T: 'static> Trie<T> {
         &self,
         writer: &mut Writer<T>,
         filter: &str,
+        hidden: bool,
         entry: &dyn EntryControl,
         released: &mut Released<T>,
     ) -> bool {
@@ -426,7 +592,11 @@ impl<T: 'static> Trie<T> {
         if !entry.deactivate() {
             return false;
         }
-        self.subscriptions.fetch_sub(1, Ordering::Relaxed);
+        if hidden {
+            self.note_hidden(writer, filter, false);
+        } else {
+            self.subscriptions.fetch_sub(1, Ordering::Relaxed);
+        }
         let Some(subs) = writer.by_filter.get(filter).cloned() else {
             return true;
         };
@@ -437,6 +607,9 @@ impl<T: 'static> Trie<T> {
             set.live() <= set.len(),
             "live entries exceed the set's length"
         );
+        if !hidden && writer.watchers.is_some() && writer.visible(filter) == 0 {
+            released.interest = writer.interest_change(&subs.filter, false);
+        }
         if subs.live() == 0 {
             writer.by_filter.remove(filter);
             // Routes may still hold this node: empty it, so they pin nothing.
@@ -512,15 +685,16 @@ impl<T: 'static> Trie<T> {
 impl<T: Send + Sync + 'static> Registry for Trie<T> {
     fn remove(&self, filter: &str, kind: Kind, entry: &dyn EntryControl) -> bool {
         match kind {
-            Kind::Handlers => Trie::remove::<Handlers>(self, filter, entry),
-            Kind::Streams => Trie::remove::<Streams>(self, filter, entry),
+            Kind::Handlers => Trie::remove::<Handlers>(self, filter, false, entry),
+            Kind::Streams => Trie::remove::<Streams>(self, filter, false, entry),
+            Kind::Tap => Trie::remove::<Streams>(self, filter, true, entry),
         }
     }
 
     fn compact(&self, filter: &str, kind: Kind) {
         match kind {
             Kind::Handlers => Trie::compact::<Handlers>(self, filter),
-            Kind::Streams => Trie::compact::<Streams>(self, filter),
+            Kind::Streams | Kind::Tap => Trie::compact::<Streams>(self, filter),
         }
     }
 

@@ -1,0 +1,192 @@
+//! [`BridgeBuilder`]: which engine, which topics, which codec.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::codec::{Codec, Json};
+use super::Bridge;
+use crate::bus::Bus;
+use crate::error::Error;
+use crate::topic::validate_filter;
+
+/// The engine a bridge joins.
+#[derive(Clone, Debug)]
+pub(crate) enum Engine {
+    /// NATS server URL(s).
+    #[cfg(feature = "nats")]
+    Nats(String),
+    /// An MQTT 5 broker URL.
+    #[cfg(feature = "mqtt")]
+    Mqtt(String),
+}
+
+/// Builds a [`Bridge`]; made by [`Bridge::builder`].
+///
+/// ```no_run
+/// # #[cfg(feature = "nats")]
+/// # async fn run() -> Result<(), blazesub::Error> {
+/// use blazesub::bridge::Bridge;
+/// use blazesub::Bus;
+///
+/// let bus = Bus::<bytes::Bytes>::builder().build()?;
+/// let bridge = Bridge::builder(&bus)
+///     .nats("nats://127.0.0.1:4222")
+///     .export("orders/#")
+///     .import("orders/#")
+///     .start()
+///     .await?;
+/// bridge.close().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "a builder does nothing until .start().await"]
+pub struct BridgeBuilder<T> {
+    pub(crate) bus: Bus<T>,
+    pub(crate) engine: Option<Engine>,
+    pub(crate) exports: Vec<String>,
+    pub(crate) imports: Vec<String>,
+    pub(crate) codec: Arc<dyn Codec<T>>,
+    pub(crate) name: Option<String>,
+    pub(crate) export_buffer: usize,
+    pub(crate) outgoing_buffer: usize,
+    pub(crate) import_buffer: usize,
+    pub(crate) backoff: (Duration, Duration),
+}
+
+impl<T: Send + Sync + 'static> BridgeBuilder<T> {
+    pub(crate) fn new(bus: &Bus<T>) -> Self
+    where
+        Json: Codec<T>,
+    {
+        Self::with_codec(bus, Arc::new(Json))
+    }
+
+    pub(crate) fn with_codec(bus: &Bus<T>, codec: Arc<dyn Codec<T>>) -> Self {
+        Self {
+            bus: bus.clone(),
+            engine: None,
+            exports: Vec::new(),
+            imports: Vec::new(),
+            codec,
+            name: None,
+            export_buffer: 8_192,
+            outgoing_buffer: 8_192,
+            import_buffer: 65_536,
+            backoff: (Duration::from_millis(50), Duration::from_secs(5)),
+        }
+    }
+
+    /// The NATS server(s) to join: a URL, or several separated by commas
+    /// (members of one cluster; the client also learns the others from the
+    /// server). Feature `nats`.
+    #[cfg(feature = "nats")]
+    pub fn nats(mut self, url: impl Into<String>) -> Self {
+        self.engine = Some(Engine::Nats(url.into()));
+        self
+    }
+
+    /// The MQTT 5 broker to join: `mqtt://host:port` (port 1883 if left
+    /// out). Feature `mqtt`.
+    #[cfg(feature = "mqtt")]
+    pub fn mqtt(mut self, url: impl Into<String>) -> Self {
+        self.engine = Some(Engine::Mqtt(url.into()));
+        self
+    }
+
+    /// Local publishes matching `filter` go out (call once per filter).
+    pub fn export(mut self, filter: impl Into<String>) -> Self {
+        self.exports.push(filter.into());
+        self
+    }
+
+    /// Remote publishes matching `filter` come in, to local subscribers
+    /// whose filters overlap it (call once per filter).
+    pub fn import(mut self, filter: impl Into<String>) -> Self {
+        self.imports.push(filter.into());
+        self
+    }
+
+    /// The payload codec (default: [`Json`], which passes `Bytes` through).
+    pub fn codec(mut self, codec: impl Codec<T>) -> Self {
+        self.codec = Arc::new(codec);
+        self
+    }
+
+    /// The connection's name, as the server's monitoring shows it (NATS),
+    /// or the client id (MQTT; unique per broker). Default: `blazesub-`
+    /// and the node's random id.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Messages each export filter holds while the bridge sends (default
+    /// 8,192); beyond it the oldest is dropped and counted.
+    pub fn export_buffer(mut self, messages: usize) -> Self {
+        self.export_buffer = messages;
+        self
+    }
+
+    /// Messages held while disconnected (default 8,192); beyond it the
+    /// oldest is dropped and counted.
+    pub fn outgoing_buffer(mut self, messages: usize) -> Self {
+        self.outgoing_buffer = messages;
+        self
+    }
+
+    /// Messages queued per local filter while its subscribers are busy
+    /// (default 65,536); beyond it a message is dropped and counted as a
+    /// slow consumer.
+    pub fn import_buffer(mut self, messages: usize) -> Self {
+        self.import_buffer = messages;
+        self
+    }
+
+    /// The reconnect delay: doubling from `min` up to `max`, each jittered
+    /// down by up to half (default 50 ms to 5 s).
+    pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.backoff = (min, max);
+        self
+    }
+
+    /// Connects (retrying in the background if the server is not up yet)
+    /// and starts the bridge. Needs a tokio runtime.
+    ///
+    /// Errors: [`Error::Topic`] for an invalid filter,
+    /// [`Error::InvalidArgument`] without an engine, with no filter at
+    /// all, or a zero buffer, [`Error::NoRuntime`] outside a runtime,
+    /// [`Error::Closed`] if the bus is closed, and [`Error::Bridge`] if the
+    /// client refuses the URL.
+    pub async fn start(self) -> Result<Bridge, Error> {
+        for filter in self.exports.iter().chain(&self.imports) {
+            validate_filter(filter)?;
+            if crate::topic::split_shared(filter).is_some() {
+                return Err(Error::InvalidArgument {
+                    name: "filter",
+                    value: filter.clone(),
+                    reason: "is a shared subscription; a bridge exports and imports plain filters",
+                });
+            }
+        }
+        if self.exports.is_empty() && self.imports.is_empty() {
+            return Err(Error::InvalidArgument {
+                name: "export/import",
+                value: "none".into(),
+                reason: "must name at least one filter",
+            });
+        }
+        for (name, value) in [
+            ("export_buffer", self.export_buffer),
+            ("outgoing_buffer", self.outgoing_buffer),
+            ("import_buffer", self.import_buffer),
+        ] {
+            if value == 0 {
+                return Err(Error::InvalidArgument {
+                    name,
+                    value: "0".into(),
+                    reason: "must be at least 1",
+                });
+            }
+        }
+        Bridge::start(self).await
+    }
+}

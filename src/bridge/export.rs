@@ -1,0 +1,167 @@
+//! Exports: local publishes matching the export filters go out.
+//!
+//! Each export filter is a *tap*: a hidden stream subscription on the bus
+//! (not interest, not counted as a subscription), whose bounded mailbox
+//! drops its oldest message when the export task falls behind; so a local
+//! publisher never waits for the network, and what the tap drops is
+//! counted. One task reads every tap, encodes, and sends. A topic matched
+//! by several export filters goes out once, through the first of them (so
+//! the messages of one topic keep their order through one tap). Messages
+//! that came in through a bridge are never sent out again.
+//!
+//! While the connection is down, messages wait in an outgoing buffer of
+//! `outgoing_buffer` messages (the oldest dropped and counted beyond that),
+//! sent in order once the connection is back.
+
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use futures_core::Stream;
+use tokio::sync::Notify;
+
+use super::codec::Codec;
+use super::stats::Counters;
+use super::transport::{Outgoing, SendError, Transport};
+use crate::handles::Receiver;
+use crate::message::Message;
+use crate::topic::matches;
+
+pub(crate) struct Exporter<T> {
+    pub(crate) taps: Vec<Receiver<T>>,
+    pub(crate) exports: Arc<[Arc<str>]>,
+    pub(crate) codec: Arc<dyn Codec<T>>,
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) stats: Arc<Counters>,
+    pub(crate) outgoing_buffer: usize,
+    /// Woken when the connection comes back.
+    pub(crate) wake: Arc<Notify>,
+    pub(crate) stop: Arc<Notify>,
+}
+
+impl<T: Send + Sync + 'static> Exporter<T> {
+    pub(crate) async fn run(mut self) {
+        let mut outbox: VecDeque<Outgoing> = VecDeque::new();
+        let mut lost_seen = vec![0u64; self.taps.len()];
+        let mut next_tap = 0;
+        loop {
+            let next = {
+                let taps = &mut self.taps;
+                let start = next_tap;
+                let wait_for_message = poll_fn(|cx| {
+                    let n = taps.len();
+                    let mut ended = 0;
+                    for k in 0..n {
+                        let i = (start + k) % n;
+                        match Pin::new(&mut taps[i]).poll_next(cx) {
+                            Poll::Ready(Some(message)) => return Poll::Ready(Some((i, message))),
+                            Poll::Ready(None) => ended += 1,
+                            Poll::Pending => {}
+                        }
+                    }
+                    if n > 0 && ended == n {
+                        Poll::Ready(None)
+                    } else {
+                        Poll::Pending
+                    }
+                });
+                let retry = async {
+                    if outbox.is_empty() {
+                        std::future::pending::<()>().await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                };
+                tokio::select! {
+                    biased;
+                    () = self.stop.notified() => break,
+                    () = self.wake.notified() => Next::Flush,
+                    () = retry => Next::Flush,
+                    message = wait_for_message => match message {
+                        Some((i, message)) => Next::Message(i, message),
+                        None => break,
+                    },
+                }
+            };
+            match next {
+                Next::Flush => self.flush(&mut outbox).await,
+                Next::Message(i, message) => {
+                    next_tap = (i + 1) % self.taps.len();
+                    let lost = self.taps[i].lost();
+                    if lost > lost_seen[i] {
+                        Counters::add(&self.stats.dropped, lost - lost_seen[i]);
+                        lost_seen[i] = lost;
+                    }
+                    if let Some(outgoing) = self.outgoing(i, &message) {
+                        self.push(&mut outbox, outgoing);
+                        self.flush(&mut outbox).await;
+                    }
+                }
+            }
+        }
+        // Closing: send what can still go out.
+        if self.transport.connected() {
+            self.flush(&mut outbox).await;
+        }
+        Counters::add(&self.stats.dropped, outbox.len() as u64);
+    }
+
+    /// The message to send for a tap's delivery, if this tap owns it.
+    fn outgoing(&self, tap: usize, message: &Message<T>) -> Option<Outgoing> {
+        if message.is_imported() {
+            return None;
+        }
+        let topic = message.topic();
+        if self.exports[..tap].iter().any(|e| matches(e, topic)) {
+            return None;
+        }
+        match self.codec.encode(message.data()) {
+            Ok(payload) => Some(Outgoing {
+                topic: Arc::from(topic),
+                payload,
+                metadata: message.metadata().cloned(),
+            }),
+            Err(error) => {
+                Counters::add(&self.stats.dropped, 1);
+                tracing::warn!(%topic, %error, "bridge: a value that does not encode; not sent");
+                None
+            }
+        }
+    }
+
+    fn push(&self, outbox: &mut VecDeque<Outgoing>, outgoing: Outgoing) {
+        if outbox.len() >= self.outgoing_buffer {
+            outbox.pop_front();
+            Counters::add(&self.stats.dropped, 1);
+        }
+        outbox.push_back(outgoing);
+    }
+
+    /// Sends the buffered messages in order while the connection is up.
+    async fn flush(&self, outbox: &mut VecDeque<Outgoing>) {
+        while let Some(outgoing) = outbox.front() {
+            if !self.transport.connected() {
+                return;
+            }
+            match self.transport.publish(outgoing).await {
+                Ok(()) => {
+                    Counters::add(&self.stats.sent, 1);
+                    outbox.pop_front();
+                }
+                Err(SendError::Disconnected) => return,
+                Err(SendError::Refused(reason)) => {
+                    Counters::add(&self.stats.dropped, 1);
+                    tracing::warn!(topic = %outgoing.topic, %reason, "bridge: the engine would refuse this message; dropped");
+                    outbox.pop_front();
+                }
+            }
+        }
+    }
+}
+
+enum Next<T> {
+    Flush,
+    Message(usize, Arc<Message<T>>),
+}

@@ -1,0 +1,293 @@
+//! Imports: the interest table, the reconciler that keeps the upstream
+//! subscriptions equal to it, and the delivery of what comes in.
+//!
+//! The bus tells the table when a distinct filter gains its first or loses
+//! its last local subscriber (`registry::trie::Interest`); the table keeps
+//! a signed count per filter (the *desired* set) and the filters changed
+//! since the reconciler last looked, and wakes it. The reconciler compares
+//! each changed filter's count with the upstream subscriptions it holds
+//! (the *actual* set) and subscribes or unsubscribes. A subscribe/
+//! unsubscribe storm on one filter therefore coalesces into at most one
+//! change upstream, and the table's memory is one entry per distinct
+//! filter.
+//!
+//! A local filter `L` gets one upstream subscription per import `I` it
+//! overlaps, on the filter `L ∩ I`. A message arriving on it is delivered
+//! to `L`'s subscribers only (never to other filters', which have their own
+//! upstream subscriptions: a broker sends one copy per matching
+//! subscription), and only if `I` is the first import that matches its
+//! topic (so overlapping imports do not deliver it twice).
+
+use std::sync::{Arc, Mutex};
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use tokio::sync::{mpsc, Notify};
+
+use super::codec::Codec;
+use super::mapping::intersect;
+use super::stats::Counters;
+use super::transport::{Deliver, Incoming, Transport, Upstream};
+use crate::bus::Bus;
+use crate::registry::trie::Interest;
+use crate::sync::Ordering;
+use crate::topic::matches;
+
+#[derive(Default)]
+struct Desired {
+    counts: FxHashMap<Arc<str>, isize>,
+    dirty: FxHashSet<Arc<str>>,
+}
+
+/// The desired set, fed by the bus.
+#[derive(Default)]
+pub(crate) struct Table {
+    desired: Mutex<Desired>,
+    pub(crate) wake: Notify,
+}
+
+impl Interest for Table {
+    fn changed(&self, filter: &Arc<str>, gained: bool) {
+        {
+            let mut desired = self.desired.lock().unwrap_or_else(|e| e.into_inner());
+            let count = desired.counts.entry(Arc::clone(filter)).or_insert(0);
+            *count += if gained { 1 } else { -1 };
+            if *count == 0 {
+                desired.counts.remove(filter);
+            }
+            desired.dirty.insert(Arc::clone(filter));
+        }
+        self.wake.notify_one();
+    }
+}
+
+impl Table {
+    /// The filters changed since the last call, each with whether it is
+    /// wanted now.
+    fn take_changes(&self) -> Vec<(Arc<str>, bool)> {
+        let mut desired = self.desired.lock().unwrap_or_else(|e| e.into_inner());
+        let Desired { counts, dirty } = &mut *desired;
+        dirty
+            .drain()
+            .map(|filter| {
+                let wanted = counts.get(&filter).is_some_and(|&n| n > 0);
+                (filter, wanted)
+            })
+            .collect()
+    }
+}
+
+/// What an upstream subscription's messages need to reach the bus.
+pub(crate) struct Importer<T> {
+    pub(crate) bus: Bus<T>,
+    pub(crate) imports: Arc<[Arc<str>]>,
+    pub(crate) codec: Arc<dyn Codec<T>>,
+    pub(crate) stats: Arc<Counters>,
+    pub(crate) origin: Arc<str>,
+    /// Messages queued per local filter before they are dropped as a slow
+    /// consumer.
+    pub(crate) import_buffer: usize,
+}
+
+impl<T: Send + Sync + 'static> Importer<T> {
+    /// Delivers one message that arrived on the upstream subscription for
+    /// local filter `filter` within import number `import`.
+    fn deliver(&self, filter: &str, import: usize, message: Incoming) {
+        if message.origin.as_deref() == Some(&*self.origin) {
+            Counters::add(&self.stats.echoes, 1);
+            return;
+        }
+        let Some(topic) = message.topic else {
+            Counters::add(&self.stats.decode_errors, 1);
+            tracing::warn!(subject = %message.raw_subject, "bridge: a subject that is no topic name of this mapping; dropped");
+            return;
+        };
+        if crate::topic::validate_topic(&topic).is_err() {
+            Counters::add(&self.stats.decode_errors, 1);
+            tracing::warn!(%topic, "bridge: an invalid topic name; dropped");
+            return;
+        }
+        // The engine's matching is not MQTT's (`$` topics, for one), and
+        // another import may own this topic: deliver only what is ours.
+        if !matches(filter, &topic)
+            || !matches(&self.imports[import], &topic)
+            || self.imports[..import].iter().any(|i| matches(i, &topic))
+        {
+            return;
+        }
+        let value = match self.codec.decode(message.payload) {
+            Ok(value) => value,
+            Err(error) => {
+                Counters::add(&self.stats.decode_errors, 1);
+                tracing::warn!(%topic, %error, "bridge: a payload that does not decode; dropped");
+                return;
+            }
+        };
+        match self
+            .bus
+            .deliver_imported(filter, &topic, value, message.metadata)
+        {
+            Ok(_) => Counters::add(&self.stats.received, 1),
+            Err(error) => {
+                Counters::add(&self.stats.dropped, 1);
+                tracing::debug!(%topic, %error, "bridge: the local bus refused an import");
+            }
+        }
+    }
+}
+
+/// Keeps the upstream subscriptions equal to the table until `stop`.
+pub(crate) async fn reconcile<T: Send + Sync + 'static>(
+    table: Arc<Table>,
+    transport: Arc<dyn Transport>,
+    importer: Arc<Importer<T>>,
+    stop: Arc<Notify>,
+) {
+    let mut actual: FxHashMap<Arc<str>, Vec<Box<dyn Upstream>>> = FxHashMap::default();
+    loop {
+        for (filter, wanted) in table.take_changes() {
+            let held = actual.contains_key(&filter);
+            if wanted && !held {
+                let upstream = subscribe_filter(&*transport, &importer, &filter).await;
+                actual.insert(filter, upstream);
+            } else if !wanted && held {
+                actual.remove(&filter);
+            }
+        }
+        let count: usize = actual.values().map(Vec::len).sum();
+        importer
+            .stats
+            .upstream_subscriptions
+            .store(count as u64, Ordering::Relaxed);
+        tokio::select! {
+            () = table.wake.notified() => {}
+            () = stop.notified() => break,
+        }
+    }
+    importer
+        .stats
+        .upstream_subscriptions
+        .store(0, Ordering::Relaxed);
+}
+
+/// The upstream subscriptions for local filter `filter`: one per import it
+/// overlaps. Their messages go through one bounded queue per filter, read
+/// by a delivery task of the filter's own: the transport's reader never
+/// waits for local handlers (an `Inline` handler that blocks), and what
+/// does not fit is dropped and counted exactly, as a slow consumer. One
+/// queue per filter keeps each topic's order.
+async fn subscribe_filter<T: Send + Sync + 'static>(
+    transport: &dyn Transport,
+    importer: &Arc<Importer<T>>,
+    filter: &Arc<str>,
+) -> Vec<Box<dyn Upstream>> {
+    let (queue, mut incoming) = mpsc::channel::<(usize, Incoming)>(importer.import_buffer);
+    let mut held = Vec::new();
+    for (index, import) in importer.imports.iter().enumerate() {
+        let Some(upstream_filter) = intersect(filter, import) else {
+            continue;
+        };
+        let queue = queue.clone();
+        let stats = Arc::clone(&importer.stats);
+        let local = Arc::clone(filter);
+        let deliver: Deliver = Arc::new(move |message| {
+            if queue.try_send((index, message)).is_err() {
+                Counters::add(&stats.slow_consumers, 1);
+                Counters::add(&stats.dropped, 1);
+                tracing::debug!(filter = %local, "bridge: import queue full (slow consumer); message dropped");
+            }
+        });
+        match transport.subscribe(&upstream_filter, deliver).await {
+            Ok(upstream) => held.push(upstream),
+            Err(error) => {
+                tracing::warn!(filter = %upstream_filter, %error, "bridge: could not subscribe upstream");
+            }
+        }
+    }
+    // Ends once every upstream subscription (and so every sender) is gone.
+    drop(queue);
+    let target = Arc::clone(importer);
+    let local = Arc::clone(filter);
+    tokio::spawn(async move {
+        while let Some((index, message)) = incoming.recv().await {
+            target.deliver(&local, index, message);
+        }
+    });
+    held
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DeliveryMode;
+
+    #[derive(Default)]
+    struct Log(Mutex<Vec<(String, bool)>>);
+    impl Interest for Log {
+        fn changed(&self, filter: &Arc<str>, gained: bool) {
+            self.0.lock().unwrap().push((filter.to_string(), gained));
+        }
+    }
+
+    #[test]
+    fn the_bus_reports_first_and_last_visible_subscribers_only() {
+        let bus = Bus::<u32>::builder()
+            .delivery(DeliveryMode::Inline)
+            .build()
+            .unwrap();
+        let before = bus.subscribe("a/b", |_| {}).unwrap();
+        let log = Arc::new(Log::default());
+        let watcher: Arc<dyn Interest> = Arc::clone(&log) as Arc<dyn Interest>;
+        let start = bus.inner.trie.watch(Arc::clone(&watcher));
+        assert_eq!(start.iter().map(|f| &**f).collect::<Vec<_>>(), ["a/b"]);
+
+        // A tap is not interest, and is no subscription of the bus.
+        let tap = bus.subscribe_tap("x/#", 4).unwrap();
+        assert_eq!(bus.subscriptions_count(), 1);
+        let first = bus.subscribe("x/#", |_| {}).unwrap();
+        let second = bus.subscribe("x/#", |_| {}).unwrap();
+        drop(first);
+        drop(second);
+        drop(tap);
+        let stream = bus.subscribe_stream("x/#").unwrap();
+        drop(before);
+        drop(stream);
+        assert_eq!(
+            *log.0.lock().unwrap(),
+            [
+                ("x/#".to_string(), true),
+                ("x/#".to_string(), false),
+                ("x/#".to_string(), true),
+                ("a/b".to_string(), false),
+                ("x/#".to_string(), false),
+            ]
+        );
+        bus.inner.trie.unwatch(&watcher);
+        let _after = bus.subscribe("y", |_| {}).unwrap();
+        assert_eq!(log.0.lock().unwrap().len(), 5, "unwatched");
+    }
+
+    #[test]
+    fn imported_messages_reach_one_filter_and_skip_taps() {
+        let bus = Bus::<u32>::builder()
+            .delivery(DeliveryMode::Inline)
+            .build()
+            .unwrap();
+        let hits = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let h = Arc::clone(&hits);
+        let _hash = bus
+            .subscribe("a/#", move |_| {
+                h.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            })
+            .unwrap();
+        let _plus = bus.subscribe("a/+", |_| panic!("not this filter")).unwrap();
+        let mut tap = bus.subscribe_tap("a/#", 4).unwrap();
+        assert_eq!(bus.deliver_imported("a/#", "a/x", 1, None).unwrap(), 2);
+        assert_eq!(hits.load(std::sync::atomic::Ordering::Relaxed), 1);
+        // The tap sees it, marked imported (so the exporter skips it).
+        assert!(tap.try_recv().unwrap().is_imported());
+        assert_eq!(
+            bus.deliver_imported("none/+", "none/x", 1, None).unwrap(),
+            0
+        );
+    }
+}

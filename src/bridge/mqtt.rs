@@ -1,0 +1,417 @@
+//! The MQTT 5 transport, on the `rumqttc` client's v5 module (feature
+//! `mqtt`).
+//!
+//! - Topics go on the wire as they are. Metadata travels as MQTT 5 user
+//!   properties, and the sending node's id as the user property
+//!   [`ORIGIN_PROPERTY`], so a node drops its own messages even on brokers
+//!   that ignore No Local (rumqttd among them); No Local is set too.
+//! - **One upstream subscription per filter string.** MQTT keys a client's
+//!   subscriptions by filter, so two local filters that need the same
+//!   upstream filter share one subscription (reference-counted here), and
+//!   each subscription carries its own **subscription identifier**: an
+//!   incoming message names the subscriptions it matched, and goes to
+//!   exactly their targets. A broker that sends no identifiers gets the
+//!   message delivered to every subscription whose filter matches.
+//! - **Reconnects are paced here**: rumqttc reconnects as fast as it is
+//!   polled, so after an error the event-loop task sleeps a jittered
+//!   exponential delay. The session starts clean, so on every ConnAck the
+//!   bridge subscribes again to everything in its own table (from a task
+//!   of its own: the event loop is never polled by a task that waits on the
+//!   client's request channel, and never waits on it itself).
+//! - QoS 0: at most once, as the NATS transport.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use rumqttc::v5::mqttbytes::v5::{Filter, Packet, PublishProperties, SubscribeProperties};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use super::backoff::Backoff;
+use super::stats::Counters;
+use super::transport::{BoxFuture, Deliver, Incoming, Outgoing, SendError, Transport, Upstream};
+use crate::message::Metadata;
+use crate::topic::matches;
+
+/// The user property that carries the sending node's id.
+pub(crate) const ORIGIN_PROPERTY: &str = "blazesub-origin";
+
+/// The largest packet the bridge accepts and sends (1 MiB, NATS's default
+/// `max_payload`). rumqttc's own default is 10 KiB, and a packet over its
+/// limit, either way, ends the connection; so larger incoming packets are
+/// allowed up to this, and larger outgoing ones are refused and counted
+/// before they reach the client.
+const MAX_PACKET: u32 = 1 << 20;
+
+/// One filter's upstream subscription and who receives its messages.
+struct Entry {
+    id: usize,
+    targets: Vec<(u64, Deliver)>,
+}
+
+#[derive(Default)]
+struct Table {
+    by_filter: HashMap<String, Entry>,
+    next_id: usize,
+    next_target: u64,
+}
+
+struct Shared {
+    client: AsyncClient,
+    table: Mutex<Table>,
+    connected: AtomicBool,
+}
+
+pub(crate) struct Mqtt {
+    shared: Arc<Shared>,
+    origin: String,
+    event_loop: JoinHandle<()>,
+}
+
+pub(crate) struct Settings {
+    pub(crate) url: String,
+    /// The MQTT client id (unique per broker).
+    pub(crate) client_id: String,
+    pub(crate) origin: String,
+    pub(crate) backoff: Backoff,
+}
+
+/// `mqtt://host:port` (port 1883 if absent) → (host, port).
+fn parse_url(url: &str) -> Result<(String, u16), String> {
+    let rest = url
+        .strip_prefix("mqtt://")
+        .or_else(|| url.strip_prefix("tcp://"))
+        .ok_or_else(|| "an MQTT URL starts with mqtt:// (TLS is not supported here)".to_owned())?;
+    let rest = rest.trim_end_matches('/');
+    match rest.rsplit_once(':') {
+        Some((host, port)) => port
+            .parse()
+            .map(|port| (host.to_owned(), port))
+            .map_err(|_| format!("invalid port {port:?}")),
+        None => Ok((rest.to_owned(), 1883)),
+    }
+}
+
+impl Mqtt {
+    pub(crate) fn connect(
+        settings: Settings,
+        stats: Arc<Counters>,
+        wake: Arc<Notify>,
+    ) -> Result<Self, String> {
+        let (host, port) = parse_url(&settings.url)?;
+        let mut options = MqttOptions::new(settings.client_id, host, port);
+        options.set_clean_start(true);
+        options.set_keep_alive(Duration::from_secs(10));
+        options.set_max_packet_size(Some(MAX_PACKET));
+        let (client, event_loop) = AsyncClient::new(options, 1_024);
+        let shared = Arc::new(Shared {
+            client,
+            table: Mutex::new(Table::default()),
+            connected: AtomicBool::new(false),
+        });
+        let event_loop = tokio::spawn(run_event_loop(
+            event_loop,
+            Arc::downgrade(&shared),
+            stats,
+            wake,
+            settings.backoff,
+            settings.origin.clone(),
+        ));
+        Ok(Self {
+            shared,
+            origin: settings.origin,
+            event_loop,
+        })
+    }
+}
+
+impl Drop for Mqtt {
+    fn drop(&mut self) {
+        self.event_loop.abort();
+    }
+}
+
+fn lock(table: &Mutex<Table>) -> std::sync::MutexGuard<'_, Table> {
+    table.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Polls the event loop forever: counts connections, paces reconnects,
+/// resubscribes after each ConnAck, hands publishes to their targets.
+async fn run_event_loop(
+    mut event_loop: EventLoop,
+    shared: Weak<Shared>,
+    stats: Arc<Counters>,
+    wake: Arc<Notify>,
+    backoff: Backoff,
+    origin: String,
+) {
+    let attempts = AtomicU64::new(0);
+    loop {
+        let event = event_loop.poll().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        match event {
+            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                attempts.store(0, Ordering::Relaxed);
+                shared.connected.store(true, Ordering::Release);
+                Counters::add(&stats.connects, 1);
+                tracing::info!("bridge connected to the MQTT broker");
+                resubscribe(&shared);
+                wake.notify_one();
+            }
+            Ok(Event::Incoming(Packet::Publish(publish))) => {
+                dispatch(&shared, publish, &origin, &stats);
+            }
+            Ok(Event::Incoming(Packet::Disconnect(_))) => {
+                shared.connected.store(false, Ordering::Release);
+            }
+            Ok(_) => {}
+            Err(error) => {
+                if shared.connected.swap(false, Ordering::AcqRel) {
+                    tracing::warn!(%error, "bridge disconnected from the MQTT broker; reconnecting");
+                } else {
+                    tracing::debug!(%error, "MQTT connect failed");
+                }
+                drop(shared);
+                let attempt = attempts.fetch_add(1, Ordering::Relaxed) as usize;
+                tokio::time::sleep(backoff.delay(attempt)).await;
+            }
+        }
+    }
+}
+
+/// Subscribes again to every filter of the table (the session started
+/// clean), from a task of its own.
+fn resubscribe(shared: &Arc<Shared>) {
+    let filters: Vec<(String, usize)> = lock(&shared.table)
+        .by_filter
+        .iter()
+        .map(|(filter, entry)| (filter.clone(), entry.id))
+        .collect();
+    if filters.is_empty() {
+        return;
+    }
+    let client = shared.client.clone();
+    tokio::spawn(async move {
+        for (filter, id) in filters {
+            let _ = subscribe_upstream(&client, &filter, id).await;
+        }
+    });
+}
+
+async fn subscribe_upstream(client: &AsyncClient, filter: &str, id: usize) -> Result<(), String> {
+    let mut upstream = Filter::new(filter, QoS::AtMostOnce);
+    upstream.nolocal = true;
+    let properties = SubscribeProperties {
+        id: Some(id),
+        user_properties: Vec::new(),
+    };
+    client
+        .subscribe_many_with_properties([upstream], properties)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+fn dispatch(
+    shared: &Shared,
+    publish: rumqttc::v5::mqttbytes::v5::Publish,
+    origin: &str,
+    stats: &Counters,
+) {
+    let topic = std::str::from_utf8(&publish.topic).map(str::to_owned);
+    let mut from = None;
+    let mut metadata = None;
+    let mut ids = Vec::new();
+    if let Some(properties) = publish.properties {
+        ids = properties.subscription_identifiers;
+        for (key, value) in properties.user_properties {
+            if key == ORIGIN_PROPERTY {
+                from = Some(value);
+            } else {
+                metadata
+                    .get_or_insert_with(Metadata::new)
+                    .insert(key, value);
+            }
+        }
+    }
+    if from.as_deref() == Some(origin) {
+        Counters::add(&stats.echoes, 1);
+        return;
+    }
+    let raw_subject = String::from_utf8_lossy(&publish.topic).into_owned();
+    let targets: Vec<Deliver> = {
+        let table = lock(&shared.table);
+        table
+            .by_filter
+            .iter()
+            .filter(|(filter, entry)| {
+                if ids.is_empty() {
+                    topic.as_deref().is_ok_and(|t| matches(filter, t))
+                } else {
+                    ids.contains(&entry.id)
+                }
+            })
+            .flat_map(|(_, entry)| entry.targets.iter().map(|(_, d)| Arc::clone(d)))
+            .collect()
+    };
+    for deliver in targets {
+        deliver(Incoming {
+            topic: topic.clone().ok(),
+            raw_subject: raw_subject.clone(),
+            payload: publish.payload.clone(),
+            metadata: metadata.clone(),
+            origin: from.clone(),
+        });
+    }
+}
+
+/// A target of one filter's subscription; dropping it removes the target,
+/// and the subscription with its last target.
+struct MqttUpstream {
+    shared: Arc<Shared>,
+    filter: String,
+    target: u64,
+}
+
+impl Upstream for MqttUpstream {}
+
+impl Drop for MqttUpstream {
+    fn drop(&mut self) {
+        let last = {
+            let mut table = lock(&self.shared.table);
+            let Some(entry) = table.by_filter.get_mut(&self.filter) else {
+                return;
+            };
+            entry.targets.retain(|(t, _)| *t != self.target);
+            let last = entry.targets.is_empty();
+            if last {
+                table.by_filter.remove(&self.filter);
+            }
+            last
+        };
+        if last
+            && self
+                .shared
+                .client
+                .try_unsubscribe(self.filter.clone())
+                .is_err()
+        {
+            let client = self.shared.client.clone();
+            let filter = std::mem::take(&mut self.filter);
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = client.unsubscribe(filter).await;
+                });
+            }
+        }
+    }
+}
+
+impl Transport for Mqtt {
+    fn publish<'a>(&'a self, message: &'a Outgoing) -> BoxFuture<'a, Result<(), SendError>> {
+        Box::pin(async move {
+            let mut user_properties = vec![(ORIGIN_PROPERTY.to_owned(), self.origin.clone())];
+            if let Some(metadata) = &message.metadata {
+                user_properties.extend(metadata.iter().map(|(k, v)| (k.to_owned(), v.to_owned())));
+            }
+            let size = message.payload.len()
+                + message.topic.len()
+                + user_properties
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 5)
+                    .sum::<usize>();
+            // Headroom for the fixed header and the other properties.
+            if size + 64 > MAX_PACKET as usize {
+                return Err(SendError::Refused(format!(
+                    "its packet of about {size} bytes is over the bridge's MQTT limit of {MAX_PACKET}"
+                )));
+            }
+            let properties = PublishProperties {
+                user_properties,
+                ..PublishProperties::default()
+            };
+            self.shared
+                .client
+                .publish_with_properties(
+                    &*message.topic,
+                    QoS::AtMostOnce,
+                    false,
+                    message.payload.clone(),
+                    properties,
+                )
+                .await
+                .map_err(|_| SendError::Disconnected)
+        })
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        filter: &'a str,
+        deliver: Deliver,
+    ) -> BoxFuture<'a, Result<Box<dyn Upstream>, String>> {
+        Box::pin(async move {
+            let (target, new_id) = {
+                let mut table = lock(&self.shared.table);
+                let target = table.next_target;
+                table.next_target += 1;
+                let next_id = table.next_id + 1;
+                let mut new_id = None;
+                let entry = table.by_filter.entry(filter.to_owned()).or_insert_with(|| {
+                    new_id = Some(next_id);
+                    Entry {
+                        id: next_id,
+                        targets: Vec::new(),
+                    }
+                });
+                entry.targets.push((target, deliver));
+                if new_id.is_some() {
+                    table.next_id = next_id;
+                }
+                (target, new_id)
+            };
+            let upstream = MqttUpstream {
+                shared: Arc::clone(&self.shared),
+                filter: filter.to_owned(),
+                target,
+            };
+            if let Some(id) = new_id {
+                // Disconnected, the request waits in the client's queue, and
+                // the next ConnAck subscribes from the table anyway.
+                subscribe_upstream(&self.shared.client, filter, id).await?;
+            }
+            Ok(Box::new(upstream) as Box<dyn Upstream>)
+        })
+    }
+
+    fn connected(&self) -> bool {
+        self.shared.connected.load(Ordering::Acquire)
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(2), self.shared.client.disconnect()).await;
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_url;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            parse_url("mqtt://127.0.0.1:1884").unwrap(),
+            ("127.0.0.1".into(), 1884)
+        );
+        assert_eq!(parse_url("mqtt://broker").unwrap(), ("broker".into(), 1883));
+        assert!(parse_url("nats://x:1").is_err());
+        assert!(parse_url("mqtt://x:port").is_err());
+    }
+}

@@ -1,0 +1,70 @@
+//! The small internal trait every engine sits behind: publish a message,
+//! hold an upstream subscription for one filter, say whether connected.
+//!
+//! Topics cross it in MQTT form; mapping them to the engine's syntax, and
+//! carrying metadata and the origin node id, is the transport's job
+//! (`nats.rs`). Reconnecting is the transport's job too, and so is
+//! restoring its upstream subscriptions afterwards.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::message::Metadata;
+
+/// A boxed future, as the trait's methods return.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A message going out: a local publish to export.
+pub(crate) struct Outgoing {
+    pub(crate) topic: Arc<str>,
+    pub(crate) payload: Bytes,
+    pub(crate) metadata: Option<Metadata>,
+}
+
+/// A message that came in on an upstream subscription.
+pub(crate) struct Incoming {
+    /// The topic name, in MQTT form; `None` if the engine's subject is not
+    /// one this bridge's mapping makes (another client published it).
+    pub(crate) topic: Option<String>,
+    /// The subject as the engine gave it, for logs.
+    pub(crate) raw_subject: String,
+    pub(crate) payload: Bytes,
+    pub(crate) metadata: Option<Metadata>,
+    /// The node id of the bridge that sent it, if a bridge did.
+    pub(crate) origin: Option<String>,
+}
+
+/// Called for every message an upstream subscription receives.
+pub(crate) type Deliver = Arc<dyn Fn(Incoming) + Send + Sync>;
+
+/// Why a publish did not go out.
+pub(crate) enum SendError {
+    /// The connection is down (or went down): buffer and retry.
+    Disconnected,
+    /// The message cannot ever go out (too big, bad subject): drop it.
+    Refused(String),
+}
+
+/// One upstream subscription; dropping it unsubscribes.
+pub(crate) trait Upstream: Send {}
+
+/// An engine connection.
+pub(crate) trait Transport: Send + Sync + 'static {
+    /// Sends one message; may wait for room in the client's own queue,
+    /// never for the network round trip.
+    fn publish<'a>(&'a self, message: &'a Outgoing) -> BoxFuture<'a, Result<(), SendError>>;
+    /// Subscribes upstream to `filter` (a valid MQTT filter); `deliver` is
+    /// called for each message until the returned handle is dropped.
+    fn subscribe<'a>(
+        &'a self,
+        filter: &'a str,
+        deliver: Deliver,
+    ) -> BoxFuture<'a, Result<Box<dyn Upstream>, String>>;
+    /// Whether the connection is up now.
+    fn connected(&self) -> bool;
+    /// Sends what the client has queued, then closes the connection.
+    fn close(&self) -> BoxFuture<'_, ()>;
+}

@@ -1,0 +1,668 @@
+//! The bridge against real `nats-server`s (feature `nats`): cross-node
+//! delivery, subscription sharing as the server counts it, overlapping
+//! filters, three nodes with no loops, a server killed and restarted, a
+//! cluster member dying, and payloads that do not decode.
+//!
+//! Needs `nats-server` on PATH or in `BLAZESUB_NATS_SERVER` (Debian:
+//! `apt-get install -y nats-server`); without it these tests fail, never
+//! skip. Each test has a time limit and fails rather than hangs.
+#![cfg(feature = "nats")]
+
+#[path = "common/nats_server.rs"]
+mod nats_server;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use blazesub::bridge::{Bridge, BridgeStats};
+use blazesub::{Bus, DeliveryMode, Message, Metadata};
+use bytes::Bytes;
+use nats_server::NatsServer;
+
+/// Runs a test body with a time limit.
+async fn limit<F: std::future::Future<Output = ()>>(secs: u64, body: F) {
+    tokio::time::timeout(Duration::from_secs(secs), body)
+        .await
+        .expect("the test ran past its time limit");
+}
+
+/// Polls `done` every 10 ms until true; panics with `what()` after 20 s.
+async fn until(mut done: impl FnMut() -> bool, what: impl Fn() -> String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting: {}", what());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Polls `check` (on a blocking thread: it may do HTTP) until true, or panics after 20 s.
+async fn eventually(what: &str, check: impl Fn() -> bool + Send + Sync + 'static) {
+    let check = Arc::new(check);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let c = Arc::clone(&check);
+        if tokio::task::spawn_blocking(move || c()).await.unwrap() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn inline_bus<T: Send + Sync + 'static>() -> Bus<T> {
+    Bus::builder()
+        .delivery(DeliveryMode::Inline)
+        .build()
+        .unwrap()
+}
+
+async fn node(
+    bus: &Bus<Bytes>,
+    url: &str,
+    name: &str,
+    exports: &[&str],
+    imports: &[&str],
+) -> Bridge {
+    let mut builder = Bridge::builder(bus).nats(url).name(name);
+    for e in exports {
+        builder = builder.export(*e);
+    }
+    for i in imports {
+        builder = builder.import(*i);
+    }
+    let bridge = builder.start().await.unwrap();
+    let connected = || bridge.stats().connected;
+    until(connected, || format!("{name} did not connect")).await;
+    bridge
+}
+
+/// One delivery: topic, payload, metadata.
+type Delivery = (String, Bytes, Option<Metadata>);
+
+/// Records deliveries in order.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<Delivery>>>);
+
+impl Seen {
+    fn handler(&self) -> impl Fn(&Message<Bytes>) + Send + Sync + 'static {
+        let seen = self.clone();
+        move |m| {
+            seen.0.lock().unwrap().push((
+                m.topic().to_owned(),
+                m.data().clone(),
+                m.metadata().cloned(),
+            ))
+        }
+    }
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+    fn topics(&self) -> Vec<String> {
+        self.0.lock().unwrap().iter().map(|s| s.0.clone()).collect()
+    }
+}
+
+fn subscriptions_of(server: &NatsServer, name: &str) -> u64 {
+    server.connection(name).map_or(0, |c| c.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_node_delivery_with_metadata_and_reserved_characters() {
+    let server = NatsServer::start();
+    limit(60, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let bridge_a = node(&a, &server.url(), "a", &["orders/#"], &[]).await;
+        let bridge_b = node(&b, &server.url(), "b", &[], &["orders/#"]).await;
+        let seen = Seen::default();
+        let _sub = b.subscribe("orders/+/+", seen.handler()).unwrap();
+        let monitor = server_ref(&server);
+        eventually("b subscribed upstream", move || {
+            subscriptions_of(&monitor, "b") == 1
+        })
+        .await;
+        assert_eq!(bridge_b.stats().upstream_subscriptions, 1);
+        // The bridge's tap is not a subscription of the bus.
+        assert_eq!(a.subscriptions_count(), 0);
+
+        let topics = ["orders/eu/42", "orders//", "orders/a.b c/*>%"];
+        for topic in topics {
+            let md = Metadata::new().with("trace-id", "7f:3a %x").with("é", "ü");
+            a.publish_with(topic, Bytes::from(topic.as_bytes().to_vec()), md)
+                .unwrap();
+        }
+        let s = seen.clone();
+        eventually("b received all", move || s.len() == 3).await;
+        let got = seen.0.lock().unwrap().clone();
+        for (i, (topic, payload, md)) in got.iter().enumerate() {
+            assert_eq!(topic, topics[i], "in publish order");
+            assert_eq!(&payload[..], topics[i].as_bytes(), "payload untouched");
+            let md = md.as_ref().expect("metadata travels");
+            assert_eq!(md.get("trace-id"), Some("7f:3a %x"));
+            assert_eq!(md.get("é"), Some("ü"));
+        }
+        let stats: BridgeStats = bridge_a.stats();
+        assert_eq!((stats.sent, stats.dropped), (3, 0));
+        assert_eq!(bridge_b.stats().received, 3);
+        bridge_a.close().await.unwrap();
+        bridge_b.close().await.unwrap();
+    })
+    .await;
+}
+
+/// A second handle on the same server process, for monitoring from a
+/// blocking closure (it never kills it).
+fn server_ref(server: &NatsServer) -> NatsServer {
+    NatsServer::monitor_only(server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_upstream_subscription_and_one_message_per_node() {
+    let server = NatsServer::start();
+    limit(60, async {
+        let publisher = inline_bus::<Bytes>();
+        let _p = node(&publisher, &server.url(), "pub", &["event/#"], &[]).await;
+        let delivered = Arc::new(AtomicU64::new(0));
+        let mut nodes = Vec::new();
+        for n in 0..3 {
+            let bus = inline_bus::<Bytes>();
+            let name = format!("consumer-{n}");
+            let bridge = node(&bus, &server.url(), &name, &[], &["event/#"]).await;
+            let subs: Vec<_> = (0..1_000)
+                .map(|_| {
+                    let d = Arc::clone(&delivered);
+                    bus.subscribe("event/fired", move |_| {
+                        d.fetch_add(1, Ordering::Relaxed);
+                    })
+                    .unwrap()
+                })
+                .collect();
+            let monitor = server_ref(&server);
+            let watched = name.clone();
+            eventually("one upstream subscription", move || {
+                subscriptions_of(&monitor, &watched) == 1
+            })
+            .await;
+            nodes.push((bus, bridge, subs, name));
+        }
+        let before = server.varz_field("out_msgs").unwrap();
+        publisher
+            .publish("event/fired", Bytes::from_static(b"!"))
+            .unwrap();
+        let d = Arc::clone(&delivered);
+        eventually("3,000 deliveries", move || {
+            d.load(Ordering::Relaxed) == 3_000
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            delivered.load(Ordering::Relaxed),
+            3_000,
+            "exactly once each"
+        );
+        assert_eq!(
+            server.varz_field("out_msgs").unwrap() - before,
+            3,
+            "the server sent one message per node"
+        );
+        for (_, bridge, _, name) in &nodes {
+            assert_eq!(
+                server.connection(name).unwrap(),
+                (1, 1),
+                "{name}: one subscription, one message"
+            );
+            assert_eq!(bridge.stats().upstream_subscriptions, 1);
+            assert_eq!(bridge.stats().received, 1);
+        }
+        // The last local subscriber leaving removes the upstream subscription.
+        let (_, _, subs, name) = nodes.pop().unwrap();
+        drop(subs);
+        let monitor = server_ref(&server);
+        eventually("upstream subscription removed", move || {
+            subscriptions_of(&monitor, &name) == 0
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_filters_deliver_once_each() {
+    let server = NatsServer::start();
+    limit(60, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let _ba = node(&a, &server.url(), "a", &["a/#"], &[]).await;
+        let bb = node(&b, &server.url(), "b", &[], &["a/#"]).await;
+        let (hash, plus) = (Seen::default(), Seen::default());
+        let _h = b.subscribe("a/#", hash.handler()).unwrap();
+        let _p = b.subscribe("a/+", plus.handler()).unwrap();
+        // `a/#` is two NATS subscriptions (`a.>` and `a`), `a/+` one.
+        let monitor = server_ref(&server);
+        eventually("three NATS subscriptions", move || {
+            subscriptions_of(&monitor, "b") == 3
+        })
+        .await;
+        a.publish("a/x", Bytes::from_static(b"1")).unwrap();
+        a.publish("a", Bytes::from_static(b"2")).unwrap();
+        a.publish("a/x/y", Bytes::from_static(b"3")).unwrap();
+        let (h, p) = (hash.clone(), plus.clone());
+        eventually("deliveries", move || h.len() == 3 && p.len() == 1).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // (`a` and `a/x/...` arrive on different NATS subscriptions: order
+        // holds per topic, not across them.)
+        let mut topics = hash.topics();
+        topics.sort();
+        assert_eq!(topics, ["a", "a/x", "a/x/y"]);
+        assert_eq!(plus.topics(), ["a/x"]);
+        // The server sent `a/x` twice (one per matching subscription).
+        assert_eq!(server.connection("b").unwrap().1, 4);
+        assert_eq!(bb.stats().received, 4);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_export_and_import_one_namespace_without_loops() {
+    let server = NatsServer::start();
+    limit(60, async {
+        let mut nodes = Vec::new();
+        for n in 0..3 {
+            let bus = inline_bus::<Bytes>();
+            let name = format!("peer-{n}");
+            let bridge = node(&bus, &server.url(), &name, &["chat/#"], &["chat/#"]).await;
+            let seen = Seen::default();
+            let sub = bus.subscribe("chat/#", seen.handler()).unwrap();
+            let monitor = server_ref(&server);
+            let watched = name.clone();
+            eventually("subscribed", move || {
+                subscriptions_of(&monitor, &watched) == 2
+            })
+            .await;
+            nodes.push((bus, bridge, seen, sub));
+        }
+        let in_before = server.varz_field("in_msgs").unwrap();
+        for (n, (bus, ..)) in nodes.iter().enumerate() {
+            bus.publish(&format!("chat/from-{n}"), Bytes::from_static(b"hi"))
+                .unwrap();
+        }
+        for (_, _, seen, _) in &nodes {
+            let s = seen.clone();
+            eventually("three messages each", move || s.len() == 3).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for (_, bridge, seen, _) in &nodes {
+            let mut topics = seen.topics();
+            topics.sort();
+            assert_eq!(
+                topics,
+                ["chat/from-0", "chat/from-1", "chat/from-2"],
+                "no echo, no loop"
+            );
+            let stats = bridge.stats();
+            assert_eq!((stats.sent, stats.received), (1, 2));
+        }
+        assert_eq!(
+            server.varz_field("in_msgs").unwrap() - in_before,
+            3,
+            "each message entered the engine once: nothing was sent back out"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_restores_subscriptions_and_counts_losses() {
+    let mut server = NatsServer::start();
+    limit(90, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let url = server.url();
+        let ba = Bridge::builder(&a)
+            .nats(url.as_str())
+            .name("a")
+            .export("jobs/#")
+            .outgoing_buffer(2)
+            .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200))
+            .start()
+            .await
+            .unwrap();
+        let bb = Bridge::builder(&b)
+            .nats(url.as_str())
+            .name("b")
+            .import("jobs/#")
+            .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200))
+            .start()
+            .await
+            .unwrap();
+        let seen = Seen::default();
+        let _s = b.subscribe("jobs/+", seen.handler()).unwrap();
+        let monitor = server_ref(&server);
+        eventually("subscribed", move || subscriptions_of(&monitor, "b") == 1).await;
+        a.publish("jobs/1", Bytes::from_static(b"1")).unwrap();
+        let s = seen.clone();
+        eventually("first delivery", move || s.len() == 1).await;
+
+        server.kill();
+        let stats = || (ba.stats().connected, bb.stats().connected);
+        until(
+            || stats() == (false, false),
+            || "the bridges did not notice".to_string(),
+        )
+        .await;
+        // Five while down, with room for two: three dropped, counted.
+        for n in 0..5 {
+            a.publish(&format!("jobs/down-{n}"), Bytes::from_static(b"x"))
+                .unwrap();
+        }
+        until(
+            || ba.stats().dropped >= 3,
+            || format!("losses not counted: {:?}", ba.stats()),
+        )
+        .await;
+        assert_eq!(ba.stats().dropped, 3);
+
+        server.restart();
+        until(
+            || stats() == (true, true),
+            || "the bridges did not reconnect".to_string(),
+        )
+        .await;
+        assert!(ba.stats().reconnects >= 1 && bb.stats().reconnects >= 1);
+        let monitor = server_ref(&server);
+        eventually("subscription restored", move || {
+            subscriptions_of(&monitor, "b") == 1
+        })
+        .await;
+        a.publish("jobs/after", Bytes::from_static(b"2")).unwrap();
+        let s = seen.clone();
+        eventually("delivery after the restart", move || {
+            s.topics().iter().any(|t| t == "jobs/after")
+        })
+        .await;
+        // The two buffered messages were sent after the reconnect (b may
+        // have resubscribed after they passed: at most once).
+        assert_eq!(ba.stats().sent, 4);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_member_dying_moves_the_node_and_its_subscriptions() {
+    let [s1, mut s2, s3] = NatsServer::cluster3();
+    limit(90, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let ba = node(&a, &s1.url(), "a", &["alerts/#"], &[]).await;
+        // Only s2's URL: the client learns the other members from it.
+        let bb = Bridge::builder(&b)
+            .nats(s2.url())
+            .name("b")
+            .import("alerts/#")
+            .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200))
+            .start()
+            .await
+            .unwrap();
+        let seen = Seen::default();
+        let _s = b.subscribe("alerts/+", seen.handler()).unwrap();
+        // Interest crosses the routes asynchronously: publish until one lands.
+        let publish_until = |topic: &'static str| {
+            let a = a.clone();
+            let seen = seen.clone();
+            async move {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while !seen.topics().iter().any(|t| t == topic) {
+                    assert!(Instant::now() < deadline, "{topic} never arrived");
+                    a.publish(topic, Bytes::from_static(b"!")).unwrap();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        publish_until("alerts/before").await;
+        assert!(s2.connection("b").is_some(), "b starts on s2");
+
+        s2.kill();
+        until(
+            || bb.stats().reconnects >= 1 && bb.stats().connected,
+            || format!("b did not fail over: {:?}", bb.stats()),
+        )
+        .await;
+        publish_until("alerts/after").await;
+        assert!(s3.connection("b").is_some() || s1.connection("b").is_some());
+        assert_eq!(bb.stats().upstream_subscriptions, 1);
+        assert!(ba.stats().sent >= 2);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_payloads_and_foreign_subjects_are_counted_not_fatal() {
+    let server = NatsServer::start();
+    limit(60, async {
+        let bus = inline_bus::<Vec<u32>>();
+        let bridge = Bridge::builder(&bus)
+            .nats(server.url())
+            .name("typed")
+            .import("data/#")
+            .start()
+            .await
+            .unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let g = Arc::clone(&got);
+        let _s = bus
+            .subscribe("data/#", move |m| g.lock().unwrap().push(m.data().clone()))
+            .unwrap();
+        let monitor = server_ref(&server);
+        eventually("subscribed", move || {
+            subscriptions_of(&monitor, "typed") == 2
+        })
+        .await;
+        // A plain NATS client, as another service would be.
+        let raw = async_nats::connect(server.url()).await.unwrap();
+        raw.publish("data.x", "not json".into()).await.unwrap();
+        raw.publish("data.%ZZ", "[1]".into()).await.unwrap();
+        raw.publish("data.y", "[1,2,3]".into()).await.unwrap();
+        raw.flush().await.unwrap();
+        let g = Arc::clone(&got);
+        eventually("the good one", move || g.lock().unwrap().len() == 1).await;
+        assert_eq!(*got.lock().unwrap(), [vec![1, 2, 3]]);
+        until(
+            || bridge.stats().decode_errors >= 2,
+            || format!("{:?}", bridge.stats()),
+        )
+        .await;
+        assert_eq!(bridge.stats().decode_errors, 2);
+        assert_eq!(bridge.stats().received, 1);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribe_storm_coalesces_into_one_upstream_subscription() {
+    let server = NatsServer::start();
+    limit(60, async {
+        let bus = inline_bus::<Bytes>();
+        let bridge = node(&bus, &server.url(), "storm", &[], &["s/#"]).await;
+        let keep = bus.subscribe("s/x", |_| {}).unwrap();
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                let bus = bus.clone();
+                std::thread::spawn(move || {
+                    for n in 0..5_000 {
+                        let sub = bus
+                            .subscribe(if n % 2 == 0 { "s/y" } else { "s/x" }, |_| {})
+                            .unwrap();
+                        drop(sub);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        let monitor = server_ref(&server);
+        eventually("one subscription left", move || {
+            subscriptions_of(&monitor, "storm") == 1
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(bridge.stats().upstream_subscriptions, 1);
+        assert_eq!(subscriptions_of(&server, "storm"), 1);
+        drop(keep);
+        let monitor = server_ref(&server);
+        eventually("none left", move || {
+            subscriptions_of(&monitor, "storm") == 0
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_is_retried_and_exports_wait_for_it() {
+    let port = nats_server::free_port();
+    let monitor = nats_server::free_port();
+    limit(60, async {
+        let bus = inline_bus::<Bytes>();
+        // Nothing listens yet: start succeeds, the bridge keeps trying.
+        let bridge = Bridge::builder(&bus)
+            .nats(format!("nats://127.0.0.1:{port}"))
+            .name("early")
+            .export("early/#")
+            .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(100))
+            .start()
+            .await
+            .unwrap();
+        for n in 0..3 {
+            bus.publish(&format!("early/{n}"), Bytes::from_static(b"x"))
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let stats = bridge.stats();
+        assert!(!stats.connected);
+        assert_eq!((stats.sent, stats.dropped), (0, 0), "held, not lost");
+
+        let server =
+            tokio::task::spawn_blocking(move || NatsServer::start_on(port, monitor, 0, &[]))
+                .await
+                .unwrap();
+        until(
+            || bridge.stats().sent >= 3,
+            || format!("not sent after connecting: {:?}", bridge.stats()),
+        )
+        .await;
+        assert_eq!(bridge.stats().dropped, 0);
+        let in_msgs = server.varz_field("in_msgs").unwrap();
+        assert_eq!(in_msgs, 3, "the server got the three held messages");
+        bridge.close().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_local_consumer_is_counted_as_a_slow_consumer() {
+    let server = NatsServer::start();
+    limit(60, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let _ba = node(&a, &server.url(), "fast", &["slow/#"], &[]).await;
+        let bb = Bridge::builder(&b)
+            .nats(server.url())
+            .name("slow")
+            .import("slow/#")
+            .import_buffer(4)
+            .start()
+            .await
+            .unwrap();
+        let handled = Arc::new(AtomicU64::new(0));
+        let h = Arc::clone(&handled);
+        // An Inline handler that blocks: the bridge's delivery waits for it,
+        // and the client's 4-message buffer overflows.
+        let _s = b
+            .subscribe("slow/+", move |_| {
+                std::thread::sleep(Duration::from_millis(20));
+                h.fetch_add(1, Ordering::Relaxed);
+            })
+            .unwrap();
+        let monitor = server_ref(&server);
+        eventually("subscribed", move || {
+            subscriptions_of(&monitor, "slow") == 1
+        })
+        .await;
+        for n in 0..200 {
+            a.publish(&format!("slow/{n}"), Bytes::from_static(b"x"))
+                .unwrap();
+        }
+        until(
+            || bb.stats().received + bb.stats().slow_consumers >= 200,
+            || format!("{:?}", bb.stats()),
+        )
+        .await;
+        let stats = bb.stats();
+        assert!(stats.slow_consumers > 0, "{stats:?}");
+        assert_eq!(stats.dropped, stats.slow_consumers);
+        assert_eq!(
+            stats.received + stats.slow_consumers,
+            200,
+            "every message delivered or counted"
+        );
+        assert_eq!(handled.load(Ordering::Relaxed), stats.received);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn misuse_gets_its_exact_error() {
+    use blazesub::Error;
+    let bus = inline_bus::<Bytes>();
+    let no_engine = Bridge::builder(&bus).export("a/#").start().await;
+    assert!(matches!(
+        no_engine,
+        Err(Error::InvalidArgument {
+            name: "nats/mqtt",
+            ..
+        })
+    ));
+    let no_filter = Bridge::builder(&bus)
+        .nats("nats://127.0.0.1:1")
+        .start()
+        .await;
+    assert!(matches!(
+        no_filter,
+        Err(Error::InvalidArgument {
+            name: "export/import",
+            ..
+        })
+    ));
+    let bad_filter = Bridge::builder(&bus)
+        .nats("nats://127.0.0.1:1")
+        .import("a/#/b")
+        .start()
+        .await;
+    assert!(matches!(bad_filter, Err(Error::Topic(_))));
+    let shared = Bridge::builder(&bus)
+        .nats("nats://127.0.0.1:1")
+        .import("$share/g/a")
+        .start()
+        .await;
+    assert!(matches!(
+        shared,
+        Err(Error::InvalidArgument { name: "filter", .. })
+    ));
+    let bad_url = Bridge::builder(&bus)
+        .nats("nats://127.0.0.1:notaport")
+        .import("a/#")
+        .start()
+        .await;
+    match bad_url {
+        Err(Error::Bridge {
+            engine: "NATS",
+            url,
+            ..
+        }) => assert!(url.contains("notaport")),
+        other => panic!("{other:?}"),
+    }
+    bus.close().await.unwrap();
+    let closed = Bridge::builder(&bus)
+        .nats("nats://127.0.0.1:1")
+        .import("a/#")
+        .start()
+        .await;
+    assert!(matches!(closed, Err(Error::Closed)));
+}

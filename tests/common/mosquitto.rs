@@ -1,0 +1,103 @@
+//! A real `mosquitto` (MQTT 5) for the bridge's MQTT tests: found on `PATH`,
+//! in `/usr/sbin`, or through `BLAZESUB_MOSQUITTO`, started on a free
+//! loopback port with a configuration of its own, killed by pid when
+//! dropped.
+#![allow(dead_code)]
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The broker binary.
+pub fn broker_binary() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("BLAZESUB_MOSQUITTO") {
+        return Ok(PathBuf::from(path));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    dirs.push("/usr/sbin".into());
+    dirs.into_iter()
+        .map(|dir| dir.join("mosquitto"))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| {
+            "mosquitto not found: install it (Debian: `apt-get install -y mosquitto`) \
+             or point BLAZESUB_MOSQUITTO at the binary"
+                .into()
+        })
+}
+
+/// One running broker; killed when dropped.
+pub struct Mosquitto {
+    child: Option<Child>,
+    pub port: u16,
+    config: PathBuf,
+}
+
+impl Mosquitto {
+    pub fn start() -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let config = std::env::temp_dir().join(format!(
+            "blazesub-mosquitto-{}-{port}.conf",
+            std::process::id()
+        ));
+        std::fs::write(
+            &config,
+            format!("listener {port} 127.0.0.1\nallow_anonymous true\n"),
+        )
+        .expect("write the broker's configuration");
+        let mut broker = Self {
+            child: None,
+            port,
+            config,
+        };
+        broker.restart();
+        broker
+    }
+
+    pub fn url(&self) -> String {
+        format!("mqtt://127.0.0.1:{}", self.port)
+    }
+
+    /// (Re)starts the process on the same port; waits until it accepts.
+    pub fn restart(&mut self) {
+        self.kill();
+        let binary = broker_binary().unwrap_or_else(|e| panic!("{e}"));
+        self.child = Some(
+            Command::new(binary)
+                .arg("-c")
+                .arg(&self.config)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("mosquitto starts"),
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "mosquitto did not come up on {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the process (by pid) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
