@@ -18,10 +18,10 @@ use blazesub::{Batch, Bus, DeliveryMode, Message, Overflow};
 use common::wait_until;
 
 const SUBSCRIBERS: usize = 128;
-const PUBLISHES: u32 = 400;
+const PUBLISHES: u32 = 200;
 
 #[test]
-fn a_subscription_stays_on_one_worker_through_a_burst() {
+fn a_subscription_stays_on_one_worker_publish_after_publish() {
     let bus = Bus::<u32>::builder()
         .delivery(DeliveryMode::WorkerPool)
         .workers(2)
@@ -46,23 +46,25 @@ fn a_subscription_stays_on_one_worker_through_a_burst() {
             .unwrap()
         })
         .collect();
-    // A burst both workers are busy with, small enough that no queue fills
-    // (the publisher would then run chunks itself).
+    // One publish at a time, both workers waiting for each: where a chunk
+    // runs is then the pool's choice alone, not how the kernel happened to
+    // schedule a burst (in a burst a worker that ran out of its own work
+    // takes the other's, which is what a burst needs).
     for i in 0..PUBLISHES {
         bus.publish("burst", i).unwrap();
+        assert!(wait_until(Duration::from_secs(30), || bus
+            .inflight_messages()
+            == 0));
+        std::thread::sleep(Duration::from_millis(1));
     }
-    assert!(wait_until(Duration::from_secs(30), || bus
-        .inflight_messages()
-        == 0));
     for (index, threads) in seen.iter().enumerate() {
         let threads = threads.lock().unwrap();
         let total: u32 = threads.values().sum();
         let home = threads.values().copied().max().unwrap_or(0);
         assert_eq!(total, PUBLISHES, "subscription {index}");
-        // Any worker taking any chunk puts about half on each; stealing
-        // by a worker that ran out of its own moves a few.
+        // Any worker taking any chunk puts about half on each.
         assert!(
-            home * 10 >= total * 7,
+            home * 10 >= total * 9,
             "subscription {index} ran on {} threads, at most {home} of {total} on one",
             threads.len()
         );
