@@ -58,6 +58,9 @@ pub(crate) enum Ticket<T> {
 
 /// What the pool's handle and its workers share.
 struct Shared<T> {
+    /// Work tickets a queue takes (its channel has room for two wake-ups
+    /// more, so a wake-up never takes the place of work).
+    capacity: usize,
     queues: Vec<Sender<Ticket<T>>>,
     tickets: Vec<Receiver<Ticket<T>>>,
     /// Per worker: waiting on its own empty queue (or about to). Only the
@@ -124,7 +127,11 @@ impl<T> Shared<T> {
     /// Queues `ticket` for `worker`; if that worker is busy (it may be
     /// stuck in a slow handler) and another waits, wakes the other to help.
     fn push(&self, worker: usize, ticket: Ticket<T>) -> Result<(), TrySendError<Ticket<T>>> {
-        self.queues[worker].try_send(ticket)?;
+        let queue = &self.queues[worker];
+        if queue.len() >= self.capacity {
+            return Err(TrySendError::Full(ticket));
+        }
+        queue.try_send(ticket)?;
         if !self.waiting[worker].load(Ordering::SeqCst) {
             if let Some(helper) = self.take_waiting(worker) {
                 // A waiting worker's queue is empty: there is room.
@@ -135,6 +142,9 @@ impl<T> Shared<T> {
     }
 }
 
+/// Room each queue keeps beyond its work tickets, for wake-ups.
+const WAKE_ROOM: usize = 2;
+
 pub(crate) struct Pool<T> {
     shared: Arc<Shared<T>>,
     /// Turns for runners and drains that have no chunk of their own.
@@ -144,8 +154,11 @@ pub(crate) struct Pool<T> {
 impl<T: Send + Sync + 'static> Pool<T> {
     pub(crate) fn start(workers: usize, capacity: usize, env: &Arc<Env>) -> Result<Self, Error> {
         let per_worker = capacity.div_ceil(workers.max(1)).max(1);
-        let (queues, tickets) = (0..workers).map(|_| channel::bounded(per_worker)).unzip();
+        let (queues, tickets) = (0..workers)
+            .map(|_| channel::bounded(per_worker + WAKE_ROOM))
+            .unzip();
         let shared = Arc::new(Shared {
+            capacity: per_worker,
             queues,
             tickets,
             waiting: (0..workers)
