@@ -965,17 +965,12 @@ fn push_to_streams<T: Send + Sync + 'static>(
             if !entry.is_active() || entry.sink.disconnected() {
                 continue;
             }
-            let reserved = if entry.sink.overflow() == StreamOverflow::Backpressure {
-                let reserved = reservations.take(entry);
-                if reserved.is_none() {
-                    // A lossless subscription this publish made no room in:
-                    // it appeared after the reservations (see `reserve.rs`).
-                    continue;
-                }
-                reserved
-            } else {
-                None
-            };
+            let reserved = entry.sink.is_lossless();
+            if reserved && !reservations.take(entry) {
+                // A lossless subscription this publish made no room in: it
+                // appeared after the reservations (see `reserve.rs`).
+                continue;
+            }
             matched += 1;
             let ordered = entry.sink.has_consumer();
             if ordered {

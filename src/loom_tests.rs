@@ -161,7 +161,7 @@ fn loom_mailbox_push_overflow_and_close() {
             let mailbox = Arc::clone(&mailbox);
             thread::spawn(move || {
                 for value in 0..3 {
-                    mailbox.push(Arc::new(Message::new("s", value)), None);
+                    mailbox.push(Arc::new(Message::new("s", value)), false);
                 }
                 mailbox.close();
             })
@@ -191,7 +191,7 @@ fn loom_mailbox_wakes_a_waiting_reader() {
         let producer = {
             let mailbox = Arc::clone(&mailbox);
             thread::spawn(move || {
-                mailbox.push(Arc::new(Message::new("s", 7)), None);
+                mailbox.push(Arc::new(Message::new("s", 7)), false);
                 taken_rx.recv().unwrap();
                 mailbox.close();
             })
@@ -220,7 +220,7 @@ fn loom_mailbox_counts_a_push_racing_the_reader_drop() {
                 (0..2)
                     .map(|value| {
                         mailbox
-                            .push(Arc::new(Message::new("s", value)), None)
+                            .push(Arc::new(Message::new("s", value)), false)
                             .dropped
                     })
                     .sum::<u64>()

@@ -774,7 +774,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 counters.dropped_now(skipped as u64);
             }
             for origin in &messages[skipped..] {
-                mailbox.push(Arc::new(Message::retained_copy(origin)), None);
+                mailbox.push(Arc::new(Message::retained_copy(origin)), false);
             }
             let mut make = Some(|filter: Arc<str>| {
                 let entry = Arc::new(Subscriber::new(id, mailbox));

@@ -227,7 +227,7 @@ impl<T> Receiver<T> {
     /// Room a lossless mailbox has for new reservations (model checks).
     #[cfg(all(test, loom))]
     pub(crate) fn unreserved_room(&self) -> Option<usize> {
-        self.entry.sink.room().map(|room| room.available_permits())
+        self.entry.sink.unreserved_room()
     }
 
     /// The next message if one is queued, without waiting.
@@ -368,7 +368,7 @@ impl<T> Receiver<T> {
 impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
         self.subscription.remove_now();
-        if self.entry.sink.room().is_some() {
+        if self.entry.sink.is_lossless() {
             self.counters.lossless_removed();
         }
         let unread = self.entry.sink.reader_dropped();

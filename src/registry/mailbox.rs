@@ -26,12 +26,24 @@ use std::any::Any;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Semaphore, TryAcquireError};
 
 use crate::message::Message;
 use crate::stream_options::StreamOverflow;
 use crate::sync::queue::ArrayQueue;
 use crate::sync::{fence, AtomicBool, AtomicU64, Ordering, WakerSlot};
+
+/// The outcome of [`Mailbox::try_reserve`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reserve {
+    /// One slot is now held for the caller.
+    Taken,
+    /// No room now.
+    Full,
+    /// Closed (its reader is gone, or the bus closed), or not lossless:
+    /// nothing to hold, and nothing will be delivered to it.
+    Closed,
+}
 
 /// Who takes messages out of a mailbox when it is not a [`Receiver`](crate::Receiver):
 /// an ordered handler's drain (`dispatch/ordered.rs`). The registry only
@@ -120,13 +132,22 @@ impl<T> Mailbox<T> {
     /// refused (closed, full under `DropNewest`, `Disconnect` or an
     /// unreserved `Backpressure` push) or pushed out the oldest, plus any it
     /// cleared out of a mailbox whose receiver was dropped meanwhile. Under
-    /// `Backpressure`, pass the permit reserved for this message. A live copy
-    /// of a retained message already in this mailbox's snapshot is skipped.
-    pub(crate) fn push(
-        &self,
-        message: Arc<Message<T>>,
-        reserved: Option<OwnedSemaphorePermit>,
-    ) -> Pushed {
+    /// `Backpressure`, `reserved` says this publish holds a slot of room
+    /// (see [`Self::try_reserve`]): the push spends it, or gives it back if
+    /// the message does not stay. A live copy of a retained message already
+    /// in this mailbox's snapshot is skipped.
+    pub(crate) fn push(&self, message: Arc<Message<T>>, reserved: bool) -> Pushed {
+        if reserved && self.overflow != StreamOverflow::Backpressure {
+            debug_assert!(false, "room reserved in a lossy mailbox");
+        }
+        let kept = self.push_kept(message, reserved);
+        if reserved && !kept.queued {
+            self.unreserve();
+        }
+        kept
+    }
+
+    fn push_kept(&self, message: Arc<Message<T>>, reserved: bool) -> Pushed {
         if message.seq() != 0 && message.seq() <= self.retained_after {
             // Already delivered, as part of this mailbox's retained snapshot.
             return Pushed {
@@ -156,17 +177,13 @@ impl<T> Mailbox<T> {
                 }
                 refused
             }
-            StreamOverflow::Backpressure => match reserved {
-                Some(permit) => {
-                    // The slot was reserved: it fits. The permit comes back
-                    // when the reader takes the message.
-                    permit.forget();
-                    let refused = self.queue.push(message).is_err();
-                    debug_assert!(!refused, "a reserved push found no room");
-                    refused
-                }
-                None => true,
-            },
+            StreamOverflow::Backpressure => {
+                // A reserved slot fits; it comes back when the reader takes
+                // the message.
+                let refused = !reserved || self.queue.push(message).is_err();
+                debug_assert!(!reserved || !refused, "a reserved push found no room");
+                refused
+            }
         };
         if refused {
             // Release: a reader that sees the count also sees the push.
@@ -199,14 +216,59 @@ impl<T> Mailbox<T> {
         self.consumer.as_ref()
     }
 
-    /// The mailbox's overflow policy.
-    pub(crate) fn overflow(&self) -> StreamOverflow {
-        self.overflow
+    /// Whether publishers reserve room in it (`Backpressure`).
+    pub(crate) fn is_lossless(&self) -> bool {
+        self.room.is_some()
     }
 
-    /// `Backpressure` only: the semaphore publishers reserve room from.
-    pub(crate) fn room(&self) -> Option<&Arc<Semaphore>> {
-        self.room.as_ref()
+    /// Room neither occupied nor reserved (`Backpressure` only).
+    #[cfg(all(test, loom))]
+    pub(crate) fn unreserved_room(&self) -> Option<usize> {
+        self.room.as_ref().map(|room| room.available_permits())
+    }
+
+    /// Takes one slot of room now, without waiting (`Backpressure` only).
+    /// A slot taken must be spent by [`Self::push`] or given back with
+    /// [`Self::unreserve`]. Never takes a slot a waiting publisher is owed:
+    /// freed room goes to waiters first.
+    pub(crate) fn try_reserve(&self) -> Reserve {
+        let Some(room) = &self.room else {
+            return Reserve::Closed;
+        };
+        match room.try_acquire() {
+            Ok(permit) => {
+                permit.forget();
+                Reserve::Taken
+            }
+            Err(TryAcquireError::NoPermits) => Reserve::Full,
+            Err(TryAcquireError::Closed) => Reserve::Closed,
+        }
+    }
+
+    /// Waits for one slot of room (`Backpressure` only); `false` if the
+    /// mailbox closed instead. Cancel-safe: dropped while waiting, it has
+    /// taken nothing. Waiters are served in order.
+    pub(crate) async fn reserve(&self) -> bool {
+        let Some(room) = &self.room else {
+            return false;
+        };
+        match room.acquire().await {
+            Ok(permit) => {
+                // Taken and forgotten in the same poll: the caller records
+                // it before it can be cancelled.
+                permit.forget();
+                true
+            }
+            Err(_closed) => false,
+        }
+    }
+
+    /// Gives back a slot taken by [`Self::try_reserve`] or [`Self::reserve`]
+    /// and not spent.
+    pub(crate) fn unreserve(&self) {
+        if let Some(room) = &self.room {
+            room.add_permits(1);
+        }
     }
 
     /// Whether it closed because a message did not fit (`Disconnect`).
