@@ -12,10 +12,16 @@
 //!   (`subscribe_ordered`). Time per publish.
 //! - `interest`: `has_subscribers` on a warm topic.
 //!
+//! In bench mode it then sweeps both comparisons outside criterion (median
+//! of 5 repetitions, alternating between the two contracts of a pair) across
+//! mailbox capacities and subscription counts, and writes the table and
+//! charts of `docs/contracts.md`.
+//!
 //! `cargo bench --bench contracts`; targets and results in `docs/contracts.md`.
 
 mod common;
 
+use std::cell::Cell;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,6 +30,7 @@ use std::time::{Duration, Instant};
 use blazesub::{Bus, DeliveryMode, Message, StreamOptions, StreamOverflow, Subscription};
 use criterion::{criterion_group, Criterion};
 
+use common::report::{criterion_results, format_ns, Chart, Report, Series, Table};
 use common::{bench_mode, runtime, wait_for};
 
 const STREAMS: usize = 100;
@@ -54,19 +61,65 @@ fn spawn_readers(
     }
 }
 
+/// 100 streams of one contract read by 100 tasks, and a publisher task.
+struct Streams {
+    rt: tokio::runtime::Runtime,
+    bus: Bus<u64>,
+    progress: Arc<AtomicU64>,
+    /// What `progress` reaches when every burst so far has been read.
+    target: Cell<u64>,
+    lossless: bool,
+}
+
+impl Streams {
+    /// Lossless: `Backpressure` mailboxes written with `publish_async`;
+    /// else drop-oldest ones written with `publish`.
+    fn new(lossless: bool, capacity: usize) -> Self {
+        let rt = runtime();
+        let bus = Bus::<u64>::builder()
+            .runtime(rt.handle().clone())
+            .build()
+            .expect("bus");
+        let options = if lossless {
+            StreamOptions::new(capacity).overflow(StreamOverflow::Backpressure)
+        } else {
+            StreamOptions::new(capacity)
+        };
+        let progress = Arc::new(AtomicU64::new(0));
+        spawn_readers(&rt, &bus, options, &progress);
+        Self {
+            rt,
+            bus,
+            progress,
+            target: Cell::new(0),
+            lossless,
+        }
+    }
+
+    /// One burst, until every reader has taken (or lost) all of it.
+    fn burst(&self) {
+        let bus = self.bus.clone();
+        let lossless = self.lossless;
+        self.rt.block_on(async move {
+            for n in 0..STREAM_BURST {
+                if lossless {
+                    bus.publish_async("s", n).await.expect("publish_async");
+                } else {
+                    bus.publish("s", n).expect("publish");
+                }
+            }
+        });
+        self.target
+            .set(self.target.get() + STREAM_BURST * STREAMS as u64);
+        // With drop-oldest a reader may still lose the tail of a burst
+        // later; a lost message is counted when the reader next takes one,
+        // so the wait ends for both.
+        wait_for(&self.progress, self.target.get());
+    }
+}
+
 fn streams_case(c: &mut Criterion, lossless: bool) {
-    let rt = runtime();
-    let bus = Bus::<u64>::builder()
-        .runtime(rt.handle().clone())
-        .build()
-        .expect("bus");
-    let options = if lossless {
-        StreamOptions::new(64).overflow(StreamOverflow::Backpressure)
-    } else {
-        StreamOptions::new(1_024)
-    };
-    let progress = Arc::new(AtomicU64::new(0));
-    spawn_readers(&rt, &bus, options, &progress);
+    let streams = Streams::new(lossless, if lossless { 64 } else { 1_024 });
     let name = if lossless {
         "lossless_publish_async"
     } else {
@@ -75,24 +128,9 @@ fn streams_case(c: &mut Criterion, lossless: bool) {
     let mut group = c.benchmark_group("contracts_streams");
     group.bench_function(name, |b| {
         b.iter_custom(|iters| {
-            let mut target = progress.load(Ordering::Acquire);
             let start = Instant::now();
             for _ in 0..iters {
-                let bus = bus.clone();
-                rt.block_on(async move {
-                    for n in 0..STREAM_BURST {
-                        if lossless {
-                            bus.publish_async("s", n).await.expect("publish_async");
-                        } else {
-                            bus.publish("s", n).expect("publish");
-                        }
-                    }
-                });
-                target += STREAM_BURST * STREAMS as u64;
-                // With drop-oldest a reader may still lose the tail of a
-                // burst later; a lost message is counted when the reader
-                // next takes one, so the wait ends for both.
-                wait_for(&progress, target);
+                streams.burst();
             }
             start.elapsed() / STREAM_BURST as u32
         })
@@ -100,45 +138,145 @@ fn streams_case(c: &mut Criterion, lossless: bool) {
     group.finish();
 }
 
+/// Handler subscriptions of one kind in the default mode, each adding one
+/// to a shared counter.
+struct Handlers {
+    bus: Bus<u64>,
+    counter: Arc<AtomicU64>,
+    count: usize,
+    _subs: Vec<Subscription>,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Handlers {
+    fn new(ordered: bool, count: usize) -> Self {
+        let rt = runtime();
+        let bus = Bus::<u64>::builder()
+            .delivery(DeliveryMode::WorkerPool)
+            .stream_capacity(4_096)
+            .runtime(rt.handle().clone())
+            .build()
+            .expect("bus");
+        let counter = Arc::new(AtomicU64::new(0));
+        let subs = (0..count)
+            .map(|_| {
+                let counter = Arc::clone(&counter);
+                let handler = move |_: &Message<u64>| {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                };
+                if ordered {
+                    bus.subscribe_ordered("h", handler).expect("subscribe")
+                } else {
+                    bus.subscribe("h", handler).expect("subscribe")
+                }
+            })
+            .collect();
+        Self {
+            bus,
+            counter,
+            count,
+            _subs: subs,
+            _rt: rt,
+        }
+    }
+
+    /// One burst, until every handler has run for all of it.
+    fn burst(&self) {
+        let target = self.counter.load(Ordering::Acquire) + HANDLER_BURST * self.count as u64;
+        for n in 0..HANDLER_BURST {
+            self.bus.publish("h", black_box(n)).expect("publish");
+        }
+        wait_for(&self.counter, target);
+    }
+}
+
 fn handlers_case(c: &mut Criterion, ordered: bool) {
-    let rt = runtime();
-    let bus = Bus::<u64>::builder()
-        .delivery(DeliveryMode::WorkerPool)
-        .stream_capacity(4_096)
-        .runtime(rt.handle().clone())
-        .build()
-        .expect("bus");
-    let counter = Arc::new(AtomicU64::new(0));
-    let _subs: Vec<Subscription> = (0..HANDLERS)
-        .map(|_| {
-            let counter = Arc::clone(&counter);
-            let handler = move |_: &Message<u64>| {
-                counter.fetch_add(1, Ordering::Relaxed);
-            };
-            if ordered {
-                bus.subscribe_ordered("h", handler).expect("subscribe")
-            } else {
-                bus.subscribe("h", handler).expect("subscribe")
-            }
-        })
-        .collect();
+    let handlers = Handlers::new(ordered, HANDLERS);
     let name = if ordered { "ordered" } else { "unordered" };
     let mut group = c.benchmark_group("contracts_handlers_1000");
     group.bench_function(name, |b| {
         b.iter_custom(|iters| {
-            let mut target = counter.load(Ordering::Acquire);
             let start = Instant::now();
             for _ in 0..iters {
-                for n in 0..HANDLER_BURST {
-                    bus.publish("h", black_box(n)).expect("publish");
-                }
-                target += HANDLER_BURST * HANDLERS as u64;
-                wait_for(&counter, target);
+                handlers.burst();
             }
             start.elapsed() / HANDLER_BURST as u32
         })
     });
     group.finish();
+}
+
+/// Median time per publish of two setups' bursts: 5 repetitions of `bursts`
+/// bursts each, alternating between them after a warm-up.
+fn alternating_medians(
+    a: &dyn Fn(),
+    b: &dyn Fn(),
+    bursts: usize,
+    publishes_per_burst: u64,
+) -> (f64, f64) {
+    for _ in 0..2 {
+        a();
+        b();
+    }
+    let time = |f: &dyn Fn()| {
+        let start = Instant::now();
+        for _ in 0..bursts {
+            f();
+        }
+        start.elapsed().as_nanos() as f64 / (bursts as u64 * publishes_per_burst) as f64
+    };
+    let mut times_a = Vec::new();
+    let mut times_b = Vec::new();
+    for _ in 0..REPETITIONS {
+        times_a.push(time(a));
+        times_b.push(time(b));
+    }
+    (median(&mut times_a), median(&mut times_b))
+}
+
+const REPETITIONS: usize = 5;
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// One point of a sweep: x, the default contract's and the other's median
+/// ns per publish.
+type Point = (f64, f64, f64);
+
+/// Drop-oldest against lossless across mailbox capacities.
+fn sweep_streams() -> Vec<Point> {
+    [16usize, 64, 256, 1_024]
+        .into_iter()
+        .map(|capacity| {
+            let lossy = Streams::new(false, capacity);
+            let lossless = Streams::new(true, capacity);
+            let (a, b) =
+                alternating_medians(&|| lossy.burst(), &|| lossless.burst(), 10, STREAM_BURST);
+            println!("streams, capacity {capacity}: drop-oldest {a:.0} ns, lossless {b:.0} ns");
+            (capacity as f64, a, b)
+        })
+        .collect()
+}
+
+/// Unordered against ordered handlers across subscription counts.
+fn sweep_handlers() -> Vec<Point> {
+    [10usize, 100, 1_000]
+        .into_iter()
+        .map(|count| {
+            let unordered = Handlers::new(false, count);
+            let ordered = Handlers::new(true, count);
+            let (a, b) = alternating_medians(
+                &|| unordered.burst(),
+                &|| ordered.burst(),
+                20,
+                HANDLER_BURST,
+            );
+            println!("handlers, {count}: unordered {a:.0} ns, ordered {b:.0} ns");
+            (count as f64, a, b)
+        })
+        .collect()
 }
 
 fn interest_case(c: &mut Criterion) {
@@ -176,6 +314,121 @@ fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
     if bench_mode() {
-        println!("contracts: see docs/contracts.md for the targets");
+        write_report(&sweep_streams(), &sweep_handlers());
+    }
+}
+
+fn write_report(streams: &[Point], handlers: &[Point]) {
+    let mut report = Report::new(
+        "contracts",
+        "Delivery contracts: what each costs against the default",
+        &["blazesub", "tokio", "criterion"],
+    );
+    let streams_results = criterion_results("contracts_streams");
+    let handlers_results = criterion_results("contracts_handlers_1000");
+    let interest_results = criterion_results("contracts_interest");
+    let ns = |results: &std::collections::BTreeMap<String, common::report::Estimate>,
+              name: &str| results.get(name).map_or(f64::NAN, |e| e.mean_ns);
+    let drop_oldest = ns(&streams_results, "drop_oldest_publish");
+    let lossless = ns(&streams_results, "lossless_publish_async");
+    let unordered = ns(&handlers_results, "unordered");
+    let ordered = ns(&handlers_results, "ordered");
+    let interest = ns(&interest_results, "has_subscribers_warm");
+    let met = |ok: bool| if ok { "yes" } else { "**no**" }.to_owned();
+    let mut targets = Table::new(
+        "Targets (criterion, time per publish, end to end)",
+        &["case", "default contract", "this contract", "ratio", "target", "met?"],
+    );
+    targets.row(vec![
+        "100 streams: lossless `publish_async` (64) vs drop-oldest `publish` (1,024)".into(),
+        format_ns(drop_oldest),
+        format_ns(lossless),
+        format!("{:.2}×", lossless / drop_oldest),
+        "≤ 1.5×".into(),
+        met(lossless / drop_oldest <= 1.5),
+    ]);
+    targets.row(vec![
+        "1,000 handlers, default mode: `subscribe_ordered` vs `subscribe`".into(),
+        format_ns(unordered),
+        format_ns(ordered),
+        format!("{:.2}×", ordered / unordered),
+        "≤ 1.5×".into(),
+        met(ordered / unordered <= 1.5),
+    ]);
+    targets.row(vec![
+        "`has_subscribers` on a warm topic".into(),
+        "—".into(),
+        format_ns(interest),
+        "—".into(),
+        "< 50 ns".into(),
+        met(interest < 50.0),
+    ]);
+    targets.note = "Streams: 100 subscriptions read by 100 tokio tasks on a 2-worker runtime, \
+                    bursts of 1,000 publishes from a task, timed until every reader took (or \
+                    lost) all of it. Handlers: each adds one to a shared counter; bursts of 100 \
+                    publishes from the bench's thread, timed until every handler ran."
+        .into();
+    let mut sweep = Table::new(
+        "Sweeps (median of 5 repetitions, alternating)",
+        &["comparison", "x", "default contract", "this contract", "ratio"],
+    );
+    for (x, a, b) in streams {
+        sweep.row(vec![
+            "lossless vs drop-oldest, mailbox capacity".into(),
+            format!("{x:.0}"),
+            format_ns(*a),
+            format_ns(*b),
+            format!("{:.2}×", b / a),
+        ]);
+    }
+    for (x, a, b) in handlers {
+        sweep.row(vec![
+            "ordered vs unordered, subscriptions".into(),
+            format!("{x:.0}"),
+            format_ns(*a),
+            format_ns(*b),
+            format!("{:.2}×", b / a),
+        ]);
+    }
+    let chart = |file: &str, title: &str, x_label: &str, names: [&str; 2], points: &[Point]| {
+        Chart {
+            file: file.into(),
+            title: title.into(),
+            x_label: x_label.into(),
+            y_label: "ns per publish".into(),
+            log_x: true,
+            log_y: true,
+            series: vec![
+                Series {
+                    name: names[0].into(),
+                    points: points.iter().map(|(x, a, _)| (*x, *a)).collect(),
+                },
+                Series {
+                    name: names[1].into(),
+                    points: points.iter().map(|(x, _, b)| (*x, *b)).collect(),
+                },
+            ],
+        }
+    };
+    report.tables = vec![targets, sweep];
+    report.charts = vec![
+        chart(
+            "contracts-streams",
+            "100 streams: time per publish vs mailbox capacity",
+            "mailbox capacity",
+            ["drop-oldest publish", "lossless publish_async"],
+            streams,
+        ),
+        chart(
+            "contracts-handlers",
+            "Handlers in the default mode: time per publish vs subscriptions",
+            "subscriptions",
+            ["subscribe", "subscribe_ordered"],
+            handlers,
+        ),
+    ];
+    match report.save() {
+        Ok(()) => println!("wrote docs/contracts.md"),
+        Err(err) => eprintln!("could not write the report: {err}"),
     }
 }
