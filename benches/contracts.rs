@@ -337,7 +337,14 @@ fn write_report(streams: &[Point], handlers: &[Point]) {
     let met = |ok: bool| if ok { "yes" } else { "**no**" }.to_owned();
     let mut targets = Table::new(
         "Targets (criterion, time per publish, end to end)",
-        &["case", "default contract", "this contract", "ratio", "target", "met?"],
+        &[
+            "case",
+            "default contract",
+            "this contract",
+            "ratio",
+            "target",
+            "met?",
+        ],
     );
     targets.row(vec![
         "100 streams: lossless `publish_async` (64) vs drop-oldest `publish` (1,024)".into(),
@@ -370,7 +377,13 @@ fn write_report(streams: &[Point], handlers: &[Point]) {
         .into();
     let mut sweep = Table::new(
         "Sweeps (median of 5 repetitions, alternating)",
-        &["comparison", "x", "default contract", "this contract", "ratio"],
+        &[
+            "comparison",
+            "x",
+            "default contract",
+            "this contract",
+            "ratio",
+        ],
     );
     for (x, a, b) in streams {
         sweep.row(vec![
@@ -390,8 +403,8 @@ fn write_report(streams: &[Point], handlers: &[Point]) {
             format!("{:.2}×", b / a),
         ]);
     }
-    let chart = |file: &str, title: &str, x_label: &str, names: [&str; 2], points: &[Point]| {
-        Chart {
+    let chart =
+        |file: &str, title: &str, x_label: &str, names: [&str; 2], points: &[Point]| Chart {
             file: file.into(),
             title: title.into(),
             x_label: x_label.into(),
@@ -408,8 +421,7 @@ fn write_report(streams: &[Point], handlers: &[Point]) {
                     points: points.iter().map(|(x, _, b)| (*x, *b)).collect(),
                 },
             ],
-        }
-    };
+        };
     report.tables = vec![targets, sweep];
     report.charts = vec![
         chart(

@@ -594,12 +594,15 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// # Ok(()) }
     /// ```
     pub async fn publish_async(&self, topic: &str, data: T) -> Result<usize, Error> {
-        if !self.inner.env.counters.has_lossless_streams() {
-            return self.publish(topic, data);
-        }
-        // Checked before waiting for room (the publish checks them again).
-        validate_topic(topic)?;
-        self.check_open()?;
+        // As `publish` while there is room everywhere: nothing to wait for.
+        let data = match self.publish_message(topic, data, None, None) {
+            Ok(reached) => return Ok(reached),
+            Err(Rejected {
+                error: Error::Full { .. },
+                value: Some(data),
+            }) => data,
+            Err(rejected) => return Err(rejected.error),
+        };
         let route = self.inner.routes.route(&self.inner.trie, topic);
         let reservations = reserve_waiting(&route).await;
         drop(route);

@@ -4,25 +4,24 @@
 //!
 //! # Contract
 //! - Before a publish delivers anything, it takes one slot of room in every
-//!   active lossless mailbox its route reaches. `publish` tries once
-//!   ([`reserve_now`]): if any is full, every slot taken is given back and
-//!   the publish reaches no one (`Error::Full`). `publish_async` waits
-//!   ([`reserve_waiting`]): first it tries once, as `publish` does; if some
-//!   mailbox is full it gives everything back and takes them again mailbox
-//!   by mailbox in the order of their ids, waiting, so two publishers never
-//!   wait on each other in a cycle. (Taken without waiting, they are in the
-//!   route's order, which the push then consumes front to back.)
-//! - [`Reservations`] holds the room taken: dropped (the publish failed, or
-//!   its future was dropped while waiting) it gives back whatever the push
-//!   did not spend, at once. Trying first spares the common case (room
-//!   everywhere) a sort and a suspension point per mailbox: an await that
-//!   is ready at once still spends the task's cooperative budget.
-//!   Delivery after the last reservation is synchronous, so a cancelled
-//!   `publish_async` has delivered nothing and holds nothing.
-//! - Waiting publishers are served in order (tokio's semaphore is fair): a
-//!   fast publisher cannot starve one that waits: room a reader frees goes
-//!   to the waiters first, so taking room without waiting never takes what
-//!   a waiter is owed. A mailbox that closes (its
+//!   active lossless mailbox its route reaches. It tries once, without
+//!   waiting ([`reserve_now`]): if any is full, every slot taken is given
+//!   back and the publish reaches no one (`publish` returns `Error::Full`).
+//!   `publish_async` then waits ([`reserve_waiting`]), mailbox by mailbox
+//!   in the order of their ids, so two publishers never wait on each other
+//!   in a cycle, and publishes with the room it holds.
+//! - Room taken without waiting is spent by the same publish at once, so it
+//!   is recorded as ids in the route's order, which the push walks again
+//!   (no entry is cloned: a reference count contended with the reader per
+//!   mailbox and publish). Room taken by waiting is held by [`Reservations`]
+//!   with its entries: dropped (the publish failed, or the future was
+//!   dropped while waiting) it gives back whatever the push did not spend,
+//!   at once. Delivery after the last reservation is synchronous, so a
+//!   cancelled `publish_async` has delivered nothing and holds nothing.
+//! - Waiting publishers are served in order (tokio's semaphore is fair):
+//!   room a reader frees goes to the waiters first, so a publisher that
+//!   takes room without waiting never takes what a waiter is owed, and a
+//!   fast publisher cannot starve one that waits. A mailbox that closes (its
 //!   receiver dropped, the bus closed) releases its waiters at once; they
 //!   skip it.
 //! - A lossless subscription that appears after the reservations were made
@@ -39,15 +38,20 @@ use crate::registry::route::Route;
 /// The lossless mailboxes a publish reaches.
 type Targets<T> = SmallVec<[StreamEntry<T>; 4]>;
 
-/// Room held in lossless mailboxes for one publish, in the order it was
-/// taken: the route's order, or by id (after waiting). Each entry holds one
-/// slot until the push spends it (`true` while held).
+/// Room held in lossless mailboxes for one publish.
 pub(crate) struct Reservations<T> {
-    held: SmallVec<[(StreamEntry<T>, bool); 4]>,
-    /// Sorted by entry id (looked up by binary search) rather than in the
-    /// route's order (consumed front to back as the push walks the route).
-    by_id: bool,
-    /// The next reservation in route order.
+    /// Taken without waiting, during the publish that spends them: the ids
+    /// of the entries, in the route's order (the push walks the route in the
+    /// same order). Nothing to give back when dropped: the push spent each
+    /// one, or skipped its subscription because it had left, and a mailbox
+    /// nobody publishes to again has no use for room.
+    now: SmallVec<[u64; 8]>,
+    /// Taken by waiting, before the publish: the entries, sorted by id, each
+    /// holding a slot until the push spends it (`true` while held). Dropped
+    /// (the future was cancelled, the publish refused), it gives back what
+    /// is held.
+    waited: SmallVec<[(StreamEntry<T>, bool); 4]>,
+    /// The next of `now` in route order.
     cursor: usize,
 }
 
@@ -61,8 +65,8 @@ impl<T> Reservations<T> {
     /// No reservations (the route reaches no lossless mailbox).
     pub(crate) fn none() -> Self {
         Self {
-            held: SmallVec::new(),
-            by_id: false,
+            now: SmallVec::new(),
+            waited: SmallVec::new(),
             cursor: 0,
         }
     }
@@ -72,38 +76,35 @@ impl<T> Reservations<T> {
     /// back.
     #[inline]
     pub(crate) fn take(&mut self, entry: &StreamEntry<T>) -> bool {
-        if self.held.is_empty() {
-            return false;
-        }
-        let index = if self.by_id {
-            match self
-                .held
+        if !self.waited.is_empty() {
+            return match self
+                .waited
                 .binary_search_by_key(&entry.id(), |(held, _)| held.id())
             {
-                Ok(index) => index,
-                Err(_) => return false,
-            }
-        } else {
-            // The push walks the route in the order the reservations were
-            // made: the next one is the one, unless the push skipped some
-            // (they left meanwhile); then it is further on.
-            let Some(found) = self.held[self.cursor..]
-                .iter()
-                .position(|(held, _)| Arc::ptr_eq(held, entry))
-            else {
-                return false;
+                Ok(index) => std::mem::replace(&mut self.waited[index].1, false),
+                Err(_) => false,
             };
-            self.cursor += found + 1;
-            self.cursor - 1
-        };
-        std::mem::replace(&mut self.held[index].1, false)
+        }
+        // The push walks the route in the order the reservations were made:
+        // the next one is the one, unless the push skipped some (they left
+        // meanwhile); then it is further on.
+        match self.now[self.cursor..]
+            .iter()
+            .position(|&id| id == entry.id())
+        {
+            Some(found) => {
+                self.cursor += found + 1;
+                true
+            }
+            None => false,
+        }
     }
 }
 
 impl<T> Drop for Reservations<T> {
-    /// Gives back the room no push spent.
+    /// Gives back the room taken by waiting that no push spent.
     fn drop(&mut self) {
-        for (entry, held) in &self.held {
+        for (entry, held) in &self.waited {
             if *held {
                 entry.sink.unreserve();
             }
@@ -111,64 +112,57 @@ impl<T> Drop for Reservations<T> {
     }
 }
 
-/// The active lossless mailboxes `route` reaches, in the route's order.
-fn lossless_targets<T>(route: &Route<T>) -> Targets<T> {
-    let mut targets: Targets<T> = SmallVec::new();
+/// Calls `f` on each active lossless mailbox of `route`, in the route's order.
+fn for_each_lossless<T>(route: &Route<T>, mut f: impl FnMut(&StreamEntry<T>)) {
     route.for_each_stream_set(|set| {
         for entry in set.entries(set.len()) {
             if entry.is_active() && entry.sink.is_lossless() {
-                targets.push(Arc::clone(entry));
+                f(entry);
             }
         }
     });
-    targets
 }
 
-/// Takes room in every one of `targets` now, or none at all.
-fn reserve_all_now<T>(targets: Targets<T>) -> Result<Reservations<T>, (NoRoom, Targets<T>)> {
+/// Takes room in every lossless mailbox of `route` now, or none at all. The
+/// caller publishes at once, with the same route.
+pub(crate) fn reserve_now<T>(route: &Route<T>) -> Result<Reservations<T>, NoRoom> {
     let mut reservations = Reservations::none();
-    reservations.held.reserve(targets.len());
-    let mut targets = targets.into_iter();
-    while let Some(entry) = targets.next() {
+    let mut full = None;
+    for_each_lossless(route, |entry| {
+        if full.is_some() {
+            return;
+        }
         match entry.sink.try_reserve() {
-            Reserve::Taken => reservations.held.push((entry, true)),
+            Reserve::Taken => reservations.now.push(entry.id()),
             // The receiver is gone or the bus closed; nothing to hold.
             Reserve::Closed => {}
-            Reserve::Full => {
-                let capacity = entry.sink.capacity();
-                // Everything taken goes back (`Drop`); the targets with it.
-                let mut all: Targets<T> = reservations
-                    .held
-                    .iter()
-                    .map(|(entry, _)| Arc::clone(entry))
-                    .collect();
-                all.push(entry);
-                all.extend(targets);
-                return Err((NoRoom { capacity }, all));
-            }
+            Reserve::Full => full = Some(entry.sink.capacity()),
         }
-    }
-    Ok(reservations)
-}
-
-/// Takes room in every lossless mailbox of `route` now, or none at all.
-pub(crate) fn reserve_now<T>(route: &Route<T>) -> Result<Reservations<T>, NoRoom> {
-    reserve_all_now(lossless_targets(route)).map_err(|(full, _)| full)
-}
-
-/// Takes room in every lossless mailbox of `route`, waiting for it.
-pub(crate) async fn reserve_waiting<T>(route: &Route<T>) -> Reservations<T> {
-    let mut targets = match reserve_all_now(lossless_targets(route)) {
-        Ok(reservations) => return reservations,
-        Err((_, targets)) => targets,
+    });
+    let Some(capacity) = full else {
+        return Ok(reservations);
     };
+    // Give back what was taken: the same walk finds the same entries, in
+    // order (one that left meanwhile has no use for its room).
+    for_each_lossless(route, |entry| {
+        if reservations.take(entry) {
+            entry.sink.unreserve();
+        }
+    });
+    Err(NoRoom { capacity })
+}
+
+/// Takes room in every lossless mailbox of `route`, waiting for it, mailbox
+/// by mailbox in the order of their ids.
+pub(crate) async fn reserve_waiting<T>(route: &Route<T>) -> Reservations<T> {
+    let mut targets: Targets<T> = SmallVec::new();
+    for_each_lossless(route, |entry| targets.push(Arc::clone(entry)));
     // By id: two publishers waiting never hold what the other waits for.
     targets.sort_by_key(|entry: &StreamEntry<T>| entry.id());
     let mut reservations = Reservations::none();
-    reservations.by_id = true;
     for entry in targets {
         if entry.sink.reserve().await {
-            reservations.held.push((entry, true));
+            reservations.waited.push((entry, true));
         }
     }
     reservations

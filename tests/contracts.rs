@@ -156,6 +156,35 @@ async fn a_full_lossless_mailbox_refuses_the_whole_publish() {
     }
 }
 
+/// A publish refused because one lossless mailbox is full gives back the
+/// room it took in the others first: they stay usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_publish_gives_back_the_room_it_took() {
+    for mode in MODES {
+        let bus = bus(mode);
+        // Walked first: `y/#` has room, `y/b` (below) is filled.
+        let mut wide = bus
+            .subscribe_stream_with("y/#", options(1, StreamOverflow::Backpressure))
+            .unwrap();
+        let mut narrow = bus
+            .subscribe_stream_with("y/b", options(1, StreamOverflow::Backpressure))
+            .unwrap();
+        bus.publish("y/b", 1).unwrap();
+        assert_eq!(next(&mut wide).await, Ok(1));
+        for _ in 0..3 {
+            assert!(
+                matches!(bus.publish("y/b", 2), Err(Error::Full { capacity: 1, .. })),
+                "{mode:?}"
+            );
+        }
+        // Still one slot in `y/#`: a publish only it receives fits.
+        assert_eq!(bus.publish("y/a", 3).unwrap(), 1, "{mode:?}");
+        assert_eq!(next(&mut wide).await, Ok(3));
+        assert_eq!(next(&mut narrow).await, Ok(1));
+        assert!(wide.is_empty() && narrow.is_empty(), "{mode:?}");
+    }
+}
+
 /// Four publishers use `publish_async` into 16 lossless streams read at
 /// different speeds: every message arrives exactly once, in per-publisher
 /// order, and nothing is lost.
