@@ -1,8 +1,8 @@
 //! What each delivery contract costs, end to end, against the default one:
 //!
-//! - `streams`: 100 stream subscriptions read by 100 tokio tasks; a publisher
-//!   task sends bursts of 1,000 messages. `drop_oldest` publishes with
-//!   `publish` into mailboxes of 1,024 and a burst ends when every reader has
+//! - `streams`: 100 stream subscriptions read by 100 tokio tasks; a
+//!   publisher task on the same runtime sends bursts of 1,000 messages.
+//!   `drop_oldest` publishes with `publish` into mailboxes of 1,024 and a burst ends when every reader has
 //!   taken or lost all of it; `lossless` uses `publish_async` into
 //!   `Backpressure` mailboxes of 64 (publishers wait for readers) and a burst
 //!   ends when every reader has taken all of it. Time per publish.
@@ -100,7 +100,8 @@ impl Streams {
     fn burst(&self) {
         let bus = self.bus.clone();
         let lossless = self.lossless;
-        self.rt.block_on(async move {
+        // The publisher is a task of the runtime, as in a service.
+        let publisher = self.rt.spawn(async move {
             for n in 0..STREAM_BURST {
                 if lossless {
                     bus.publish_async("s", n).await.expect("publish_async");
@@ -109,6 +110,7 @@ impl Streams {
                 }
             }
         });
+        self.rt.block_on(publisher).expect("publisher");
         self.target
             .set(self.target.get() + STREAM_BURST * STREAMS as u64);
         // With drop-oldest a reader may still lose the tail of a burst
@@ -342,36 +344,51 @@ fn write_report(streams: &[Point], handlers: &[Point]) {
             "default contract",
             "this contract",
             "ratio",
+            "ratio, alternating medians",
             "target",
             "met?",
         ],
     );
+    // The same comparison from the sweep (5 repetitions alternating between
+    // the two in one process): steadier than two criterion runs in a row.
+    let sweep_ratio = |points: &[Point], x: f64| {
+        points
+            .iter()
+            .find(|(at, _, _)| *at == x)
+            .map_or(f64::NAN, |(_, a, b)| b / a)
+    };
+    let lossless_alt = sweep_ratio(streams, 64.0);
+    let ordered_alt = sweep_ratio(handlers, HANDLERS as f64);
     targets.row(vec![
         "100 streams: lossless `publish_async` (64) vs drop-oldest `publish` (1,024)".into(),
         format_ns(drop_oldest),
         format_ns(lossless),
         format!("{:.2}×", lossless / drop_oldest),
+        format!("{lossless_alt:.2}×"),
         "≤ 1.5×".into(),
-        met(lossless / drop_oldest <= 1.5),
+        met(lossless / drop_oldest <= 1.5 && lossless_alt <= 1.5),
     ]);
     targets.row(vec![
         "1,000 handlers, default mode: `subscribe_ordered` vs `subscribe`".into(),
         format_ns(unordered),
         format_ns(ordered),
         format!("{:.2}×", ordered / unordered),
+        format!("{ordered_alt:.2}×"),
         "≤ 1.5×".into(),
-        met(ordered / unordered <= 1.5),
+        met(ordered / unordered <= 1.5 && ordered_alt <= 1.5),
     ]);
     targets.row(vec![
         "`has_subscribers` on a warm topic".into(),
         "—".into(),
         format_ns(interest),
         "—".into(),
+        "—".into(),
         "< 50 ns".into(),
         met(interest < 50.0),
     ]);
     targets.note = "Streams: 100 subscriptions read by 100 tokio tasks on a 2-worker runtime, \
-                    bursts of 1,000 publishes from a task, timed until every reader took (or \
+                    bursts of 1,000 publishes from a task of that runtime (64 slots per \
+                    lossless mailbox; `x` in the sweep), timed until every reader took (or \
                     lost) all of it. Handlers: each adds one to a shared counter; bursts of 100 \
                     publishes from the bench's thread, timed until every handler ran."
         .into();
