@@ -11,6 +11,7 @@
 #[path = "common/nats_server.rs"]
 mod nats_server;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -222,6 +223,35 @@ async fn one_upstream_subscription_and_one_message_per_node() {
             subscriptions_of(&monitor, &name) == 0
         })
         .await;
+    })
+    .await;
+}
+
+/// `Bridge::close` is cancel-safe: a close future dropped after its first
+/// poll still closes the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_close_still_closes_the_connection() {
+    let server = NatsServer::start();
+    limit(60, async {
+        let bus = inline_bus::<Bytes>();
+        let bridge = node(&bus, &server.url(), "closing", &["a/#"], &["b/#"]).await;
+        let monitor = server_ref(&server);
+        eventually("connected", move || monitor.connection("closing").is_some()).await;
+        // Polled once, then dropped.
+        let mut close = Box::pin(bridge.close());
+        let waker = std::task::Waker::noop();
+        let _ = close
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(waker));
+        drop(close);
+        let monitor = server_ref(&server);
+        eventually("the connection closed", move || {
+            monitor.connection("closing").is_none()
+        })
+        .await;
+        // Closing again does nothing, and the bridge is still there.
+        bridge.close().await.unwrap();
+        assert!(!bridge.stats().connected);
     })
     .await;
 }

@@ -156,6 +156,10 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
     /// all, or a zero buffer, [`Error::NoRuntime`] outside a runtime,
     /// [`Error::Closed`] if the bus is closed, and [`Error::Bridge`] if the
     /// client refuses the URL.
+    ///
+    /// Cancel-safe: its only wait is for the connection, before anything
+    /// starts; dropped before it returns, it has started no task and
+    /// watches nothing on the bus (the client it made is dropped with it).
     pub async fn start(self) -> Result<Bridge, Error> {
         for filter in self.exports.iter().chain(&self.imports) {
             validate_filter(filter)?;

@@ -98,6 +98,7 @@ mod nats;
 mod stats;
 mod transport;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -122,6 +123,10 @@ pub struct Bridge {
     stats: Arc<Counters>,
     transport: Arc<dyn Transport>,
     running: Mutex<Option<Running>>,
+    /// The runtime the bridge started on: `close` runs there.
+    runtime: tokio::runtime::Handle,
+    /// `close` has begun: the bridge no longer counts as connected.
+    closed: AtomicBool,
 }
 
 struct Running {
@@ -160,9 +165,9 @@ impl Bridge {
     }
 
     async fn start<T: Send + Sync + 'static>(builder: BridgeBuilder<T>) -> Result<Self, Error> {
-        if tokio::runtime::Handle::try_current().is_err() {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(Error::NoRuntime { what: "a bridge" });
-        }
+        };
         let Some(engine) = builder.engine.clone() else {
             return Err(Error::InvalidArgument {
                 name: "nats/mqtt",
@@ -289,18 +294,25 @@ impl Bridge {
                 stops,
                 unwatch,
             })),
+            runtime,
+            closed: AtomicBool::new(false),
         })
     }
 
     /// A snapshot of the bridge's counters.
     pub fn stats(&self) -> BridgeStats {
-        self.stats.snapshot(self.transport.connected())
+        let connected = !self.closed.load(Ordering::Acquire) && self.transport.connected();
+        self.stats.snapshot(connected)
     }
 
     /// Stops the bridge: no more exports or imports; sends what the export
     /// task still holds if connected, removes the upstream subscriptions
     /// and closes the connection (each step bounded by a few seconds).
     /// Calling it again does nothing.
+    ///
+    /// Cancel-safe: the closing runs as a task of the bridge's runtime, so
+    /// dropping this future (a timeout around it, a `select!`) does not stop
+    /// it halfway; it finishes in the background, connection closed.
     pub async fn close(&self) -> Result<(), Error> {
         let running = self
             .running
@@ -310,16 +322,23 @@ impl Bridge {
         let Some(running) = running else {
             return Ok(());
         };
-        for task in running.stop() {
-            let abort = task.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(5), task)
-                .await
-                .is_err()
-            {
-                abort.abort();
+        self.closed.store(true, Ordering::Release);
+        let transport = Arc::clone(&self.transport);
+        let closing = self.runtime.spawn(async move {
+            for task in running.stop() {
+                let abort = task.abort_handle();
+                if tokio::time::timeout(Duration::from_secs(5), task)
+                    .await
+                    .is_err()
+                {
+                    abort.abort();
+                }
             }
-        }
-        self.transport.close().await;
+            transport.close().await;
+        });
+        // Err only if the runtime is shutting down, which stops the bridge's
+        // tasks anyway.
+        let _ = closing.await;
         Ok(())
     }
 }

@@ -34,7 +34,8 @@ pub struct BridgeStats {
     /// The node's own messages that came back from the engine and were
     /// dropped (an engine that ignores `no_echo` would otherwise loop them).
     pub echoes: u64,
-    /// Whether the bridge is connected to the engine now.
+    /// Whether the bridge is connected to the engine now (false once
+    /// `Bridge::close` has begun).
     pub connected: bool,
 }
 
