@@ -364,6 +364,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
             Arc::clone(&inner.env),
             inner.dispatcher.drain_on(),
         ));
+        let running = ordered.running();
         let consumer: Consumer = ordered;
         let id = self.next_id();
         let capacity = inner.config.stream_capacity;
@@ -371,8 +372,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
         inner
             .trie
             .insert::<Streams>(filter, |filter| {
-                let mailbox =
+                let mut mailbox =
                     Mailbox::with_consumer(capacity, StreamOverflow::DropNewest, Some(consumer));
+                if let Some(running) = running {
+                    mailbox = mailbox.tracking(running);
+                }
                 let entry = Arc::new(Subscriber::new(id, mailbox));
                 made = Some((Arc::clone(&entry) as Arc<dyn EntryControl>, filter));
                 entry

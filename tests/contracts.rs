@@ -558,6 +558,89 @@ async fn async_ordered_handlers_await_each_call_in_order() {
     }
 }
 
+/// `unsubscribe_and_wait` on an async ordered subscription waits for the
+/// call in progress, as it does for every other handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsubscribe_and_wait_waits_for_a_running_async_ordered_call() {
+    for mode in MODES {
+        let bus = bus(mode);
+        let started = Arc::new(tokio::sync::Notify::new());
+        let release = Arc::new(tokio::sync::Notify::new());
+        let finished = Arc::new(AtomicU64::new(0));
+        let sub = {
+            let (started, release, finished) = (
+                Arc::clone(&started),
+                Arc::clone(&release),
+                Arc::clone(&finished),
+            );
+            bus.subscribe_ordered_async("slow", move |_| {
+                let (started, release, finished) = (
+                    Arc::clone(&started),
+                    Arc::clone(&release),
+                    Arc::clone(&finished),
+                );
+                async move {
+                    started.notify_one();
+                    release.notified().await;
+                    finished.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+            .unwrap()
+        };
+        bus.publish("slow", 1).unwrap();
+        tokio::time::timeout(LIMIT, started.notified())
+            .await
+            .expect("the call started");
+        let mut waiting = Box::pin(sub.unsubscribe_and_wait());
+        let early = tokio::time::timeout(Duration::from_millis(100), waiting.as_mut()).await;
+        assert!(early.is_err(), "{mode:?}: returned while the call ran");
+        release.notify_one();
+        tokio::time::timeout(LIMIT, waiting)
+            .await
+            .expect("unsubscribe_and_wait hangs");
+        assert_eq!(finished.load(Ordering::SeqCst), 1, "{mode:?}");
+        tokio::time::timeout(LIMIT, bus.close())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// An async ordered handler that unsubscribes itself and awaits the wait
+/// does not wait for its own call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_ordered_handler_waiting_for_its_own_unsubscribe_finishes() {
+    use std::sync::Mutex;
+    for mode in MODES {
+        let bus = bus(mode);
+        let slot: Arc<Mutex<Option<blazesub::Subscription>>> = Arc::default();
+        let done = Arc::new(tokio::sync::Notify::new());
+        let sub = {
+            let (slot, done) = (Arc::clone(&slot), Arc::clone(&done));
+            bus.subscribe_ordered_async("self", move |_| {
+                let (slot, done) = (Arc::clone(&slot), Arc::clone(&done));
+                async move {
+                    let own = slot.lock().unwrap().take();
+                    if let Some(own) = own {
+                        own.unsubscribe_and_wait().await;
+                        done.notify_one();
+                    }
+                }
+            })
+            .unwrap()
+        };
+        *slot.lock().unwrap() = Some(sub);
+        bus.publish("self", 1).unwrap();
+        tokio::time::timeout(LIMIT, done.notified())
+            .await
+            .unwrap_or_else(|_| panic!("{mode:?}: the handler waited for itself"));
+        tokio::time::timeout(LIMIT, bus.close())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
+
 // ---------------------------------------------------------------------------
 // 6. Handlers that act on the bus.
 // ---------------------------------------------------------------------------

@@ -15,7 +15,9 @@
 //!   the pool's queue or the task cap is full, the publisher runs it, under
 //!   every `Overflow` policy (a drain cannot be dropped without dropping
 //!   what it carries). An async ordered handler's drain is always a task on
-//!   the bus's runtime: it awaits each call before the next.
+//!   the bus's runtime: it awaits each call before the next, and tracks the
+//!   call in progress, so `unsubscribe_and_wait` waits for it as for any
+//!   async handler (its mailbox reports the tracker).
 //! - A slow ordered handler holds up only its own drain: other
 //!   subscriptions run elsewhere. Its mailbox is bounded (the bus's
 //!   `stream_capacity`); a message that does not fit is dropped and counted.
@@ -37,7 +39,7 @@ use super::pool::Ticket;
 use super::{report_panic, Env};
 use crate::message::Message;
 use crate::registry::entry::{BoxFuture, StreamEntry};
-use crate::registry::quiesce;
+use crate::registry::quiesce::{self, Running};
 use crate::stats::Tally;
 use crate::sync::channel::Sender;
 use crate::sync::{fence, AtomicBool, Ordering};
@@ -63,6 +65,9 @@ pub(crate) enum DrainOn<T> {
 /// One ordered subscription's drain.
 pub(crate) struct Ordered<T> {
     handler: OrderedHandler<T>,
+    /// Async only: the calls in progress, as `unsubscribe_and_wait` sees
+    /// them (the mailbox reports the same tracker).
+    running: Option<Arc<Running>>,
     scheduled: AtomicBool,
     env: Arc<Env>,
     on: DrainOn<T>,
@@ -70,12 +75,19 @@ pub(crate) struct Ordered<T> {
 
 impl<T: Send + Sync + 'static> Ordered<T> {
     pub(crate) fn new(handler: OrderedHandler<T>, env: Arc<Env>, on: DrainOn<T>) -> Self {
+        let running = matches!(handler, OrderedHandler::Async(_)).then(|| Arc::new(Running::new()));
         Self {
             handler,
+            running,
             scheduled: AtomicBool::new(false),
             env,
             on,
         }
+    }
+
+    /// The async handler's calls in progress (`None` for a sync handler).
+    pub(crate) fn running(&self) -> Option<Arc<Running>> {
+        self.running.clone()
     }
 
     /// Runs the handler on everything queued, in order, until the mailbox
@@ -146,8 +158,15 @@ impl<T: Send + Sync + 'static> Ordered<T> {
                     },
                 };
                 if entry.is_active() {
-                    let call = AssertUnwindSafe(handler(Arc::clone(&message)));
-                    let outcome = CatchUnwind(call).await;
+                    let call = handler(Arc::clone(&message));
+                    let outcome = match &self.running {
+                        // Counted until it completes or is dropped.
+                        Some(running) => {
+                            let tracked = std::pin::pin!(running.track(call));
+                            CatchUnwind(AssertUnwindSafe(tracked)).await
+                        }
+                        None => CatchUnwind(AssertUnwindSafe(call)).await,
+                    };
                     settle.tally.dropped = 0;
                     match outcome {
                         Ok(()) => settle.tally.delivered = 1,

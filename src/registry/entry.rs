@@ -121,10 +121,11 @@ impl<T, S: Tracked + Send + Sync> EntryControl for Subscriber<T, S> {
     }
 }
 
-/// A stream's deliveries are pushes its publisher makes: none run later.
+/// A stream's deliveries are pushes its publisher makes: none run later,
+/// except an async ordered handler's calls, which its drain tracks.
 impl<T> Tracked for Mailbox<T> {
     fn running(&self) -> Option<Arc<Running>> {
-        None
+        self.running()
     }
 }
 

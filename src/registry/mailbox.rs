@@ -28,6 +28,7 @@ use std::task::{Context, Poll};
 
 use tokio::sync::{Semaphore, TryAcquireError};
 
+use super::quiesce::Running;
 use crate::message::Message;
 use crate::stream_options::StreamOverflow;
 use crate::sync::queue::ArrayQueue;
@@ -79,6 +80,9 @@ pub(crate) struct Mailbox<T> {
     /// mailbox was primed with (or older than it): a live copy of one is a
     /// duplicate and is skipped. 0 for a mailbox not primed.
     retained_after: u64,
+    /// An async ordered handler's calls in progress (its drain tracks each
+    /// call), for `unsubscribe_and_wait`.
+    running: Option<Arc<Running>>,
 }
 
 impl<T> Mailbox<T> {
@@ -109,6 +113,15 @@ impl<T> Mailbox<T> {
             closed: AtomicBool::new(false),
             reader_gone: AtomicBool::new(false),
             retained_after: 0,
+            running: None,
+        }
+    }
+
+    /// Reports `running` as its subscription's calls in progress.
+    pub(crate) fn tracking(self, running: Arc<Running>) -> Self {
+        Self {
+            running: Some(running),
+            ..self
         }
     }
 
@@ -214,6 +227,11 @@ impl<T> Mailbox<T> {
     /// The ordered handler's drain that empties this mailbox, if any.
     pub(crate) fn consumer(&self) -> Option<&Consumer> {
         self.consumer.as_ref()
+    }
+
+    /// An async ordered handler's calls in progress, if it is one's.
+    pub(crate) fn running(&self) -> Option<Arc<Running>> {
+        self.running.clone()
     }
 
     /// Whether publishers reserve room in it (`Backpressure`).
