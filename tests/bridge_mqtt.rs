@@ -11,6 +11,8 @@
 //! these tests fail, never skip. Each test has a time limit.
 #![cfg(feature = "mqtt")]
 
+#[path = "common/bridge_support.rs"]
+mod bridge_support;
 #[path = "common/mosquitto.rs"]
 mod mosquitto;
 
@@ -18,53 +20,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use blazesub::bridge::Bridge;
-use blazesub::{Bus, DeliveryMode, Message, Metadata};
+use blazesub::{Bus, Metadata};
+use bridge_support::{inline_bus, limit, start_node, until, Seen};
 use bytes::Bytes;
 use mosquitto::Mosquitto;
-
-async fn limit<F: std::future::Future<Output = ()>>(secs: u64, body: F) {
-    tokio::time::timeout(Duration::from_secs(secs), body)
-        .await
-        .expect("the test ran past its time limit");
-}
-
-/// Polls `done` every 10 ms until true; panics with `what()` after 20 s.
-async fn until(mut done: impl FnMut() -> bool, what: impl Fn() -> String) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting: {}", what());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn inline_bus<T: Send + Sync + 'static>() -> Bus<T> {
-    Bus::builder()
-        .delivery(DeliveryMode::Inline)
-        .build()
-        .unwrap()
-}
 
 async fn node<T>(bus: &Bus<T>, url: &str, name: &str, exports: &[&str], imports: &[&str]) -> Bridge
 where
     T: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
-    let mut builder = Bridge::builder(bus)
+    let builder = Bridge::builder(bus)
         .mqtt(url)
-        .name(name)
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
-    for e in exports {
-        builder = builder.export(*e);
-    }
-    for i in imports {
-        builder = builder.import(*i);
-    }
-    let bridge = builder.start().await.unwrap();
-    until(
-        || bridge.stats().connected,
-        || format!("{name} did not connect"),
-    )
-    .await;
-    bridge
+    start_node(builder, name, exports, imports).await
 }
 
 /// Waits until `bridge` holds `n` upstream subscriptions, then a little
@@ -76,32 +44,6 @@ async fn subscribed(bridge: &Bridge, n: u64) {
     )
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-}
-
-type Delivery = (String, Bytes, Option<Metadata>);
-
-#[derive(Clone, Default)]
-struct Seen(Arc<Mutex<Vec<Delivery>>>);
-
-impl Seen {
-    fn handler(&self) -> impl Fn(&Message<Bytes>) + Send + Sync + 'static {
-        let seen = self.clone();
-        move |m| {
-            seen.0.lock().unwrap().push((
-                m.topic().to_owned(),
-                m.data().clone(),
-                m.metadata().cloned(),
-            ))
-        }
-    }
-    fn len(&self) -> usize {
-        self.0.lock().unwrap().len()
-    }
-    fn topics(&self) -> Vec<String> {
-        let mut topics: Vec<String> = self.0.lock().unwrap().iter().map(|s| s.0.clone()).collect();
-        topics.sort();
-        topics
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -158,9 +100,9 @@ async fn overlapping_and_shared_upstream_filters_deliver_once_each() {
         )
         .await;
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(hash.topics(), ["a", "a/x", "a/x/y"]);
-        assert_eq!(plus.topics(), ["a/x"]);
-        assert_eq!(all.topics(), ["a", "a/x", "a/x/y"]);
+        assert_eq!(hash.sorted_topics(), ["a", "a/x", "a/x/y"]);
+        assert_eq!(plus.sorted_topics(), ["a/x"]);
+        assert_eq!(all.sorted_topics(), ["a", "a/x", "a/x/y"]);
         assert_eq!(bb.stats().received, 7);
     })
     .await;
@@ -195,7 +137,10 @@ async fn three_nodes_export_and_import_one_namespace_without_loops() {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         for (_, bridge, seen, _) in &nodes {
-            assert_eq!(seen.topics(), ["chat/from-0", "chat/from-1", "chat/from-2"]);
+            assert_eq!(
+                seen.sorted_topics(),
+                ["chat/from-0", "chat/from-1", "chat/from-2"]
+            );
             let stats = bridge.stats();
             assert_eq!((stats.sent, stats.received), (1, 2), "no echo, no loop");
         }
@@ -232,7 +177,7 @@ async fn a_broker_restart_resubscribes_from_the_bridges_table() {
         // The new session knows nothing: only the bridge's resubscribe
         // brings the message. Publish until it lands.
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !seen.topics().iter().any(|t| t == "jobs/after") {
+        while !seen.sorted_topics().iter().any(|t| t == "jobs/after") {
             assert!(Instant::now() < deadline, "no delivery after the restart");
             a.publish("jobs/after", Bytes::from_static(b"2")).unwrap();
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -332,11 +277,15 @@ async fn the_origin_property_stops_echoes_where_the_broker_ignores_no_local() {
         until(|| seen_b.len() == 1, || format!("{:?}", bb.stats())).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(
-            seen_a.topics(),
+            seen_a.sorted_topics(),
             ["echo/1"],
             "a's own subscriber: once, locally"
         );
-        assert_eq!(seen_b.topics(), ["echo/1"], "b: once, and not sent back");
+        assert_eq!(
+            seen_b.sorted_topics(),
+            ["echo/1"],
+            "b: once, and not sent back"
+        );
         let (sa, sb) = (ba.stats(), bb.stats());
         assert_eq!((sa.sent, sa.received), (1, 0), "{sa:?}");
         assert_eq!((sb.sent, sb.received), (0, 1), "{sb:?}");
@@ -369,7 +318,7 @@ async fn large_payloads_cross_and_oversized_ones_are_refused_not_fatal() {
             || format!("{:?} {:?}", ba.stats(), bb.stats()),
         )
         .await;
-        assert_eq!(seen.topics(), ["big/100k", "big/after"]);
+        assert_eq!(seen.sorted_topics(), ["big/100k", "big/after"]);
         assert_eq!(seen.0.lock().unwrap()[0].1.len(), 100_000);
         let (sa, sb) = (ba.stats(), bb.stats());
         assert_eq!(

@@ -8,6 +8,8 @@
 //! skip. Each test has a time limit and fails rather than hangs.
 #![cfg(feature = "nats")]
 
+#[path = "common/bridge_support.rs"]
+mod bridge_support;
 #[path = "common/nats_server.rs"]
 mod nats_server;
 
@@ -17,25 +19,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use blazesub::bridge::{Bridge, BridgeStats};
-use blazesub::{Bus, DeliveryMode, Message, Metadata};
+use blazesub::{Bus, Metadata};
+use bridge_support::{inline_bus, limit, start_node, until, Seen};
 use bytes::Bytes;
 use nats_server::NatsServer;
-
-/// Runs a test body with a time limit.
-async fn limit<F: std::future::Future<Output = ()>>(secs: u64, body: F) {
-    tokio::time::timeout(Duration::from_secs(secs), body)
-        .await
-        .expect("the test ran past its time limit");
-}
-
-/// Polls `done` every 10 ms until true; panics with `what()` after 20 s.
-async fn until(mut done: impl FnMut() -> bool, what: impl Fn() -> String) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting: {}", what());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 /// Polls `check` (on a blocking thread: it may do HTTP) until true, or panics after 20 s.
 async fn eventually(what: &str, check: impl Fn() -> bool + Send + Sync + 'static) {
@@ -51,13 +38,6 @@ async fn eventually(what: &str, check: impl Fn() -> bool + Send + Sync + 'static
     }
 }
 
-fn inline_bus<T: Send + Sync + 'static>() -> Bus<T> {
-    Bus::builder()
-        .delivery(DeliveryMode::Inline)
-        .build()
-        .unwrap()
-}
-
 async fn node(
     bus: &Bus<Bytes>,
     url: &str,
@@ -65,43 +45,7 @@ async fn node(
     exports: &[&str],
     imports: &[&str],
 ) -> Bridge {
-    let mut builder = Bridge::builder(bus).nats(url).name(name);
-    for e in exports {
-        builder = builder.export(*e);
-    }
-    for i in imports {
-        builder = builder.import(*i);
-    }
-    let bridge = builder.start().await.unwrap();
-    let connected = || bridge.stats().connected;
-    until(connected, || format!("{name} did not connect")).await;
-    bridge
-}
-
-/// One delivery: topic, payload, metadata.
-type Delivery = (String, Bytes, Option<Metadata>);
-
-/// Records deliveries in order.
-#[derive(Clone, Default)]
-struct Seen(Arc<Mutex<Vec<Delivery>>>);
-
-impl Seen {
-    fn handler(&self) -> impl Fn(&Message<Bytes>) + Send + Sync + 'static {
-        let seen = self.clone();
-        move |m| {
-            seen.0.lock().unwrap().push((
-                m.topic().to_owned(),
-                m.data().clone(),
-                m.metadata().cloned(),
-            ))
-        }
-    }
-    fn len(&self) -> usize {
-        self.0.lock().unwrap().len()
-    }
-    fn topics(&self) -> Vec<String> {
-        self.0.lock().unwrap().iter().map(|s| s.0.clone()).collect()
-    }
+    start_node(Bridge::builder(bus).nats(url), name, exports, imports).await
 }
 
 fn subscriptions_of(server: &NatsServer, name: &str) -> u64 {
