@@ -15,8 +15,8 @@ use smallvec::SmallVec;
 
 use crate::config::{Config, Overflow};
 use crate::dispatch::{
-    inline_depth, start_drains, Dispatcher, Env, Fanout, Ordered, OrderedHandler, Policy,
-    TaskGauge, MAX_INLINE_DEPTH,
+    inline_depth, start_drains, Dispatcher, Env, Fanout, Ordered, OrderedSink, Policy, TaskGauge,
+    MAX_INLINE_DEPTH,
 };
 use crate::error::{Error, Rejected};
 use crate::handler::Handler;
@@ -27,7 +27,7 @@ use crate::registry::entry::{
 };
 use crate::registry::mailbox::{Consumer, Mailbox};
 use crate::registry::quiesce::{self, Quiescence};
-use crate::registry::route::{Route, RouteCache};
+use crate::registry::route::{Positions, Route, RouteCache};
 use crate::registry::trie::{Handlers, InsertError, Streams, Trie};
 use crate::registry::{Kind, Registry};
 use crate::request::Requests;
@@ -299,9 +299,13 @@ impl<T: Send + Sync + 'static> Bus<T> {
 
     /// Subscribes an *ordered* handler: its calls never overlap, and each
     /// publisher's messages reach it in publish order, in every delivery
-    /// mode; other subscriptions still run in parallel. Messages wait in a
-    /// bounded queue of `Config::stream_capacity`; one that does not fit is
-    /// dropped and counted. A slow ordered handler holds up only itself.
+    /// mode; other subscriptions still run in parallel. A publish writes
+    /// the message once to a log the filter's ordered handlers share, which
+    /// keeps the newest `Config::stream_capacity` messages: a handler that
+    /// falls further behind loses the oldest it had not run, counted in
+    /// [`Stats::dropped`](crate::Stats). A slow ordered handler holds up only
+    /// itself. The log keeps its messages alive until newer ones push them
+    /// out, even after every handler ran them.
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
@@ -325,7 +329,43 @@ impl<T: Send + Sync + 'static> Bus<T> {
     where
         F: Fn(&Message<T>) + Send + Sync + 'static,
     {
-        self.add_ordered(filter, OrderedHandler::Sync(Box::new(handler)))
+        self.check_ordered_filter(filter)?;
+        let inner = &self.inner;
+        let id = self.next_id();
+        let sink = OrderedSink::new(Box::new(handler), id);
+        let mut made = None;
+        inner
+            .trie
+            .insert::<Handlers>(filter, |filter| {
+                let entry = Arc::new(Subscriber::new(id, sink));
+                made = Some((Arc::clone(&entry), filter));
+                entry as HandlerEntry<T>
+            })
+            .map_err(|InsertError::Closed| Error::Closed)?;
+        let (entry, filter) = made.expect("the trie made the entry");
+        // After the insert: the node exists, and no handle can remove the
+        // entry before this returns.
+        if let Some(log) = inner
+            .trie
+            .ordered_log(&filter, inner.config.stream_capacity)
+        {
+            entry.sink.attach(log);
+        }
+        Ok(self.handle(entry, filter, Kind::Handlers))
+    }
+
+    /// Refuses what no ordered subscription can have: an invalid filter, a
+    /// shared one, a closed bus.
+    fn check_ordered_filter(&self, filter: &str) -> Result<(), Error> {
+        validate_filter(filter)?;
+        if split_shared(filter).is_some() {
+            return Err(Error::InvalidArgument {
+                name: "filter",
+                value: filter.to_owned(),
+                reason: "is a shared subscription; ordered handlers cannot be shared (use a shared stream and read it in order)",
+            });
+        }
+        self.check_open()
     }
 
     /// [`Self::subscribe_ordered`] with an async handler: each call is awaited
@@ -345,25 +385,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
             });
         }
         let handler = move |m: Arc<Message<T>>| -> BoxFuture { Box::pin(handler(m)) };
-        self.add_ordered(filter, OrderedHandler::Async(Box::new(handler)))
-    }
-
-    fn add_ordered(&self, filter: &str, handler: OrderedHandler<T>) -> Result<Subscription, Error> {
-        validate_filter(filter)?;
-        if split_shared(filter).is_some() {
-            return Err(Error::InvalidArgument {
-                name: "filter",
-                value: filter.to_owned(),
-                reason: "is a shared subscription; ordered handlers cannot be shared (use a shared stream and read it in order)",
-            });
-        }
-        self.check_open()?;
+        self.check_ordered_filter(filter)?;
         let inner = &self.inner;
-        let ordered = Arc::new(Ordered::new(
-            handler,
-            Arc::clone(&inner.env),
-            inner.dispatcher.drain_on(),
-        ));
+        let ordered = Arc::new(Ordered::new(Box::new(handler), Arc::clone(&inner.env)));
         let running = ordered.running();
         let consumer: Consumer = ordered;
         let id = self.next_id();
@@ -372,11 +396,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
         inner
             .trie
             .insert::<Streams>(filter, |filter| {
-                let mut mailbox =
-                    Mailbox::with_consumer(capacity, StreamOverflow::DropNewest, Some(consumer));
-                if let Some(running) = running {
-                    mailbox = mailbox.tracking(running);
-                }
+                let mailbox =
+                    Mailbox::with_consumer(capacity, StreamOverflow::DropNewest, Some(consumer))
+                        .tracking(running);
                 let entry = Arc::new(Subscriber::new(id, mailbox));
                 made = Some((Arc::clone(&entry) as Arc<dyn EntryControl>, filter));
                 entry
@@ -768,21 +790,16 @@ impl<T: Send + Sync + 'static> Bus<T> {
             None => Reservations::none(),
         };
         counters.published();
-        let mut matched = push_to_streams(
-            &route,
-            &message,
-            counters,
-            &mut admitted,
-            &mut reservations,
-            inner.config.workers,
-        );
-        let mut sets = route.handler_sets();
+        let mut matched =
+            push_to_streams(&route, &message, counters, &mut admitted, &mut reservations);
+        let mut positions = Positions::new();
+        let mut sets = route.handler_sets_appending(&message, &mut positions);
         drop(route);
         matched += sets.iter().map(|set| set.live()).sum::<usize>();
         if shared {
             matched += inner.shared.route(&message, &mut sets, counters);
         }
-        if let Some(job) = Fanout::new(message, sets, &inner.policy) {
+        if let Some(job) = Fanout::new(message, sets, positions, &inner.policy) {
             admitted.accept(job.total());
             let dropped = inner.dispatcher.dispatch(job, &inner.env);
             if dropped > 0 && inner.config.overflow == Overflow::Error {
@@ -958,7 +975,6 @@ fn push_to_streams<T: Send + Sync + 'static>(
     counters: &Counters,
     admitted: &mut PublishGuard<'_>,
     reservations: &mut Reservations<T>,
-    workers: usize,
 ) -> usize {
     let mut matched = 0;
     let mut dropped = 0;
@@ -1019,7 +1035,7 @@ fn push_to_streams<T: Send + Sync + 'static>(
         counters.dropped_now(dropped);
     }
     if !claimed.is_empty() {
-        start_drains(claimed, workers);
+        start_drains(claimed);
     }
     matched
 }

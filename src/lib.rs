@@ -93,7 +93,7 @@
 //! | subscription | ordered? | lossy or lossless | when it is full, the publisher… |
 //! |---|---|---|---|
 //! | [`Bus::subscribe`] (handler) | no | lossless unless `Overflow::Drop`/`Error` | runs the work itself (`CallerRuns`), or drops and counts it |
-//! | [`Bus::subscribe_ordered`] (handler) | yes: no overlap, each publisher's order | drops what overflows its queue, counted | never waits |
+//! | [`Bus::subscribe_ordered`] (handler) | yes: no overlap, each publisher's order | a handler `stream_capacity` messages behind loses the oldest, counted (async: the newest) | never waits |
 //! | stream, [`StreamOverflow::DropOldest`] (default) | each publisher's order | lossy: the oldest goes, counted | never waits |
 //! | stream, [`StreamOverflow::DropNewest`] | each publisher's order | lossy: the newest goes, counted | never waits |
 //! | stream, [`StreamOverflow::Backpressure`] | each publisher's order | lossless | `publish`: [`Error::Full`], reaching no one; [`Bus::publish_async`]: waits for room |

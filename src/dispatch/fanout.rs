@@ -32,9 +32,9 @@ use smallvec::SmallVec;
 
 use super::{pending, report_panic, Env, Plan, Policy};
 use crate::message::Message;
-use crate::registry::entry::{BoxFuture, HandlerEntry};
+use crate::registry::entry::{BoxFuture, Delivery, HandlerEntry, NO_POSITION};
 use crate::registry::quiesce;
-use crate::registry::route::HandlerSets;
+use crate::registry::route::{HandlerSets, Positions};
 use crate::registry::subset::HandlerSet;
 use crate::stats::Tally;
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
@@ -52,6 +52,8 @@ type Lens = SmallVec<[usize; 4]>;
 pub(crate) struct Fanout<T> {
     message: Arc<Message<T>>,
     sets: HandlerSets<T>,
+    /// Per set: the message's position in that node's ordered log.
+    positions: Positions,
     lens: Lens,
     total: usize,
     plan: Plan,
@@ -106,8 +108,11 @@ impl<T: Send + Sync + 'static> Fanout<T> {
     pub(crate) fn new(
         message: Arc<Message<T>>,
         sets: HandlerSets<T>,
+        mut positions: Positions,
         policy: &Policy,
     ) -> Option<Self> {
+        // Sets added after the route's (shared groups') have no log.
+        positions.resize(sets.len(), NO_POSITION);
         let lens: Lens = sets.iter().map(|set| set.len()).collect();
         let total = lens.iter().sum();
         if total == 0 {
@@ -116,6 +121,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         Some(Self {
             message,
             sets,
+            positions,
             lens,
             total,
             plan: policy.plan(total),
@@ -168,13 +174,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
     /// Returns the deliveries dropped.
     pub(crate) fn drop_chunk(&self, chunk: usize, tally: &mut Tally) -> usize {
         let range = self.chunk_range(chunk);
-        let mut dropped = 0;
-        for (set, slots) in self.segments(range.clone()) {
-            dropped += slots
-                .filter_map(|offset| set.get(offset))
-                .filter(|entry| entry.is_active())
-                .count();
-        }
+        let dropped = self.discard(range.clone());
         tally.dropped += dropped as u64;
         tally.finished += range.len() as u64;
         dropped
@@ -243,21 +243,31 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             let (set_index, offset, set_end) = sets.locate(p.current);
             let stop = p.claim_end.min(set_end);
             let set = &self.sets[set_index];
+            let position = self.positions[set_index];
             for run in set.runs(offset..offset + (stop - p.current)) {
                 for slot in run {
                     match slot.get() {
                         Some(entry) if entry.is_active() => {
-                            if let Some(started) = entry.sink.deliver(&self.message) {
-                                if let Some(future) =
-                                    pending::first_poll(started, env.handle.as_ref())
-                                {
-                                    // Not finished: the runner takes it over, with
-                                    // its accounting.
-                                    p.handed_over += 1;
+                            match entry.sink.deliver_at(&self.message, position) {
+                                Delivery::Done => {}
+                                Delivery::Ran(outcome) => {
                                     p.not_delivered += 1;
-                                    p.current += 1;
-                                    runner.pending(future, tally);
-                                    continue;
+                                    tally.delivered += u64::from(outcome.delivered);
+                                    tally.panics += u64::from(outcome.panics);
+                                    tally.dropped += u64::from(outcome.dropped);
+                                }
+                                Delivery::Started(started) => {
+                                    if let Some(future) =
+                                        pending::first_poll(started, env.handle.as_ref())
+                                    {
+                                        // Not finished: the runner takes it over,
+                                        // with its accounting.
+                                        p.handed_over += 1;
+                                        p.not_delivered += 1;
+                                        p.current += 1;
+                                        runner.pending(future, tally);
+                                        continue;
+                                    }
                                 }
                             }
                         }
@@ -335,13 +345,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                 break;
             }
             let end = (start + self.plan.unit).min(self.total);
-            for (set, slots) in self.segments(start..end) {
-                for entry in slots.filter_map(|offset| set.get(offset)) {
-                    if entry.is_active() {
-                        tally.dropped += 1;
-                    }
-                }
-            }
+            tally.dropped += self.discard(start..end) as u64;
             tally.finished += (end - start) as u64;
             if self.plan.single_claim {
                 break;
@@ -350,17 +354,46 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         (tally.dropped - before) as usize
     }
 
+    /// Deliveries that will not run: returns how many count as dropped
+    /// (active subscriptions, or what an ordered one settled).
+    fn discard(&self, deliveries: Range<usize>) -> usize {
+        let mut dropped = 0;
+        for (index, (set, slots)) in self.segments_indexed(deliveries) {
+            let position = self.positions[index];
+            for entry in slots.filter_map(|offset| set.get(offset)) {
+                if entry.is_active() {
+                    dropped += entry
+                        .sink
+                        .discard_at(position)
+                        .map_or(1, |settled| settled.dropped as usize);
+                }
+            }
+        }
+        dropped
+    }
+
     /// The handler sets and slot ranges holding `deliveries`.
     fn segments(
         &self,
         deliveries: Range<usize>,
     ) -> impl Iterator<Item = (&HandlerSet<T>, Range<usize>)> {
+        self.segments_indexed(deliveries)
+            .map(|(_, segment)| segment)
+    }
+
+    /// The handler sets (with their index) and slot ranges holding
+    /// `deliveries`.
+    fn segments_indexed(
+        &self,
+        deliveries: Range<usize>,
+    ) -> impl Iterator<Item = (usize, (&HandlerSet<T>, Range<usize>))> {
         let mut skip = deliveries.start;
         let mut left = deliveries.len();
         self.sets
             .iter()
             .zip(self.lens.iter())
-            .filter_map(move |(set, &len)| {
+            .enumerate()
+            .filter_map(move |(index, (set, &len))| {
                 if skip >= len {
                     skip -= len;
                     return None;
@@ -368,7 +401,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                 let from = std::mem::take(&mut skip);
                 let to = len.min(from + left);
                 left -= to - from;
-                (to > from).then(|| (&**set, from..to))
+                (to > from).then(|| (index, (&**set, from..to)))
             })
     }
 

@@ -8,7 +8,11 @@
 //! - `pool.rs` — `WorkerPool`: runners are jobs on bounded crossbeam queues,
 //!   one per worker thread, chunks pinned to workers, idle workers stealing.
 //! - `inline.rs` — `Inline`: the publisher is the only runner.
-//! - `ordered.rs` — ordered handlers: one drain at a time per subscription.
+//! - `ordered_sink.rs` — sync ordered handlers: delivered by the job like
+//!   any handler, one runner at a time per subscription, reading the node's
+//!   ordered log.
+//! - `ordered.rs` — async ordered handlers: a mailbox and one drain task at
+//!   a time per subscription.
 //! - `pending.rs` — async handlers whose future is not finished after its
 //!   first poll continue as tasks.
 //! - `permit.rs` — task slots, counted against `max_inflight_tasks`.
@@ -51,6 +55,7 @@ mod direct;
 mod fanout;
 mod inline;
 mod ordered;
+mod ordered_sink;
 mod pending;
 mod permit;
 mod pool;
@@ -68,7 +73,8 @@ use crate::stats::{Counters, Tally};
 pub(crate) use direct::deliver_now;
 pub(crate) use fanout::{Fanout, Runner};
 pub(crate) use inline::{depth as inline_depth, MAX_INLINE_DEPTH};
-pub(crate) use ordered::{start_drains, DrainOn, Ordered, OrderedHandler};
+pub(crate) use ordered::{start_drains, Ordered};
+pub(crate) use ordered_sink::OrderedSink;
 pub(crate) use permit::TaskGauge;
 
 /// How one publish is cut into units and handed to runners.
@@ -216,15 +222,6 @@ impl<T: Send + Sync + 'static> Dispatcher<T> {
             Dispatcher::Tasks(tasks) => tasks.dispatch(Arc::new(job), env),
             Dispatcher::Pool(pool) => pool.dispatch(Arc::new(job), env),
             Dispatcher::Inline => inline::run(&job, env),
-        }
-    }
-
-    /// Where this bus runs ordered handlers' drains.
-    pub(crate) fn drain_on(&self) -> DrainOn<T> {
-        match self {
-            Dispatcher::Tasks(tasks) => DrainOn::Tasks(tasks.handle().clone()),
-            Dispatcher::Pool(pool) => DrainOn::Pool(pool.sender()),
-            Dispatcher::Inline => DrainOn::Inline,
         }
     }
 

@@ -1,29 +1,25 @@
-//! Ordered handlers: a subscription whose calls never overlap and follow
-//! each publisher's publish order.
+//! Async ordered handlers: a subscription whose calls never overlap and
+//! follow each publisher's publish order, each call awaited before the next.
+//! (Sync ordered handlers read their node's log instead: `ordered_sink.rs`.)
 //!
 //! # Contract
-//! - An ordered subscription is a bounded mailbox (the publisher pushes into
-//!   it, in publish order, as for a stream) drained by one *drain* at a time:
-//!   a `scheduled` flag, claimed by the publisher whose push finds it clear,
-//!   admits a single drain, which runs the handler on each message in turn.
-//!   The drain clears the flag when the mailbox is empty and then looks once
-//!   more, so a push that raced the clear is never left without a drain.
-//! - A publish starts the drains it claimed after it has pushed everything,
-//!   together: a few jobs of many drains each, not one per subscription.
-//!   Where they run is the mode's: a pool job, a tokio task (within
-//!   `max_inflight_tasks`), or the publisher itself in `Inline` mode. When
-//!   the pool's queue or the task cap is full, the publisher runs it, under
-//!   every `Overflow` policy (a drain cannot be dropped without dropping
-//!   what it carries). An async ordered handler's drain is always a task on
-//!   the bus's runtime: it awaits each call before the next, and tracks the
-//!   call in progress, so `unsubscribe_and_wait` waits for it as for any
-//!   async handler (its mailbox reports the tracker).
-//! - A slow ordered handler holds up only its own drain: other
-//!   subscriptions run elsewhere. Its mailbox is bounded (the bus's
-//!   `stream_capacity`); a message that does not fit is dropped and counted.
+//! - An async ordered subscription is a bounded mailbox (the publisher
+//!   pushes into it, in publish order, as for a stream) drained by one
+//!   *drain* at a time: a `scheduled` flag, claimed by the publisher whose
+//!   push finds it clear, admits a single drain, which awaits the handler on
+//!   each message in turn. The drain clears the flag when the mailbox is
+//!   empty and then looks once more, so a push that raced the clear is never
+//!   left without a drain.
+//! - A drain is a task on the bus's runtime (within `max_inflight_tasks`
+//!   where there is room; a drain is never dropped for want of it). It
+//!   tracks the call in progress, so `unsubscribe_and_wait` waits for it as
+//!   for any async handler (its mailbox reports the tracker).
+//! - A slow ordered handler holds up only its own drain. Its mailbox is
+//!   bounded (the bus's `stream_capacity`); a message that does not fit is
+//!   dropped and counted.
 //! - Each queued message is a delivery in flight until the drain has run it
 //!   (or skipped it: the subscription was removed first), so `close` waits
-//!   for ordered handlers too. A drain the runtime drops before it ran
+//!   for ordered handlers too. A drain the runtime drops before it finished
 //!   counts what it would have run as dropped.
 
 use std::future::Future;
@@ -32,89 +28,40 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use tokio::runtime::Handle;
-
 use super::permit::TaskPermit;
-use super::pool::Ticket;
 use super::{report_panic, Env};
 use crate::message::Message;
 use crate::registry::entry::{BoxFuture, StreamEntry};
-use crate::registry::quiesce::{self, Running};
+use crate::registry::quiesce::Running;
 use crate::stats::Tally;
-use crate::sync::channel::Sender;
 use crate::sync::{fence, AtomicBool, Ordering};
 
-/// A sync ordered handler.
-type SyncCall<T> = dyn Fn(&Message<T>) + Send + Sync;
 /// An async ordered handler: a call starts a future.
-type AsyncCall<T> = dyn Fn(Arc<Message<T>>) -> BoxFuture + Send + Sync;
+pub(crate) type AsyncCall<T> = dyn Fn(Arc<Message<T>>) -> BoxFuture + Send + Sync;
 
-/// What an ordered subscription calls.
-pub(crate) enum OrderedHandler<T> {
-    Sync(Box<SyncCall<T>>),
-    Async(Box<AsyncCall<T>>),
-}
-
-/// Where this bus runs drains of sync ordered handlers.
-pub(crate) enum DrainOn<T> {
-    Pool(Sender<Ticket<T>>),
-    Tasks(Handle),
-    Inline,
-}
-
-/// One ordered subscription's drain.
+/// One async ordered subscription's drain.
 pub(crate) struct Ordered<T> {
-    handler: OrderedHandler<T>,
-    /// Async only: the calls in progress, as `unsubscribe_and_wait` sees
-    /// them (the mailbox reports the same tracker).
-    running: Option<Arc<Running>>,
+    handler: Box<AsyncCall<T>>,
+    /// The calls in progress, as `unsubscribe_and_wait` sees them (the
+    /// mailbox reports the same tracker).
+    running: Arc<Running>,
     scheduled: AtomicBool,
     env: Arc<Env>,
-    on: DrainOn<T>,
 }
 
 impl<T: Send + Sync + 'static> Ordered<T> {
-    pub(crate) fn new(handler: OrderedHandler<T>, env: Arc<Env>, on: DrainOn<T>) -> Self {
-        let running = matches!(handler, OrderedHandler::Async(_)).then(|| Arc::new(Running::new()));
+    pub(crate) fn new(handler: Box<AsyncCall<T>>, env: Arc<Env>) -> Self {
         Self {
             handler,
-            running,
+            running: Arc::new(Running::new()),
             scheduled: AtomicBool::new(false),
             env,
-            on,
         }
     }
 
-    /// The async handler's calls in progress (`None` for a sync handler).
-    pub(crate) fn running(&self) -> Option<Arc<Running>> {
-        self.running.clone()
-    }
-
-    /// Runs the handler on everything queued, in order, until the mailbox
-    /// is empty; then gives up the `scheduled` flag (see the module docs).
-    /// The caller is present (see `quiesce.rs`) throughout, and adds `tally`
-    /// to the counters and unholds its `finished` afterwards: once per
-    /// chunk of drains, not per subscription.
-    fn drain(&self, entry: &StreamEntry<T>, handler: &SyncCall<T>, tally: &mut Tally) {
-        loop {
-            while let Ok(message) = entry.sink.try_pop() {
-                tally.finished += 1;
-                quiesce::hold(1);
-                if !entry.is_active() {
-                    continue;
-                }
-                match catch_unwind(AssertUnwindSafe(|| handler(&message))) {
-                    Ok(()) => tally.delivered += 1,
-                    Err(panic) => {
-                        tally.panics += 1;
-                        report_panic(message.topic(), Some(entry.id()), panic.as_ref());
-                    }
-                }
-            }
-            if !self.release_or_continue(entry) {
-                break;
-            }
-        }
+    /// The handler's calls in progress.
+    pub(crate) fn running(&self) -> Arc<Running> {
+        Arc::clone(&self.running)
     }
 
     /// Clears `scheduled`; true if a message arrived meanwhile and this
@@ -139,12 +86,8 @@ impl<T: Send + Sync + 'static> Ordered<T> {
         self.env.counters.add(&tally);
     }
 
-    /// The async variant's drain: awaits each call before the next.
-    async fn drain_async(
-        &self,
-        entry: &StreamEntry<T>,
-        handler: &(dyn Fn(Arc<Message<T>>) -> BoxFuture + Send + Sync),
-    ) {
+    /// The drain: awaits each call before the next.
+    async fn drain(&self, entry: &StreamEntry<T>) {
         loop {
             while let Ok(message) = entry.sink.try_pop() {
                 // Counted as dropped unless the call completes: the task may
@@ -158,15 +101,10 @@ impl<T: Send + Sync + 'static> Ordered<T> {
                     },
                 };
                 if entry.is_active() {
-                    let call = handler(Arc::clone(&message));
-                    let outcome = match &self.running {
-                        // Counted until it completes or is dropped.
-                        Some(running) => {
-                            let tracked = std::pin::pin!(running.track(call));
-                            CatchUnwind(AssertUnwindSafe(tracked)).await
-                        }
-                        None => CatchUnwind(AssertUnwindSafe(call)).await,
-                    };
+                    // Counted until it completes or is dropped.
+                    let call = (self.handler)(Arc::clone(&message));
+                    let tracked = std::pin::pin!(self.running.track(call));
+                    let outcome = CatchUnwind(AssertUnwindSafe(tracked)).await;
                     settle.tally.dropped = 0;
                     match outcome {
                         Ok(()) => settle.tally.delivered = 1,
@@ -184,52 +122,7 @@ impl<T: Send + Sync + 'static> Ordered<T> {
             }
         }
     }
-}
 
-/// The drain behind an ordered subscription's entry.
-fn ordered_of<T: Send + Sync + 'static>(entry: &StreamEntry<T>) -> Option<&Ordered<T>> {
-    entry.sink.consumer()?.downcast_ref::<Ordered<T>>()
-}
-
-/// Starts the drains a publish claimed (see [`Ordered::claim`]), after it
-/// has pushed everything: sync drains in a few chunks, one pool job or task
-/// each (about one per worker), so a publish to many ordered subscriptions
-/// costs a few jobs, not one per subscription; async drains as a task each.
-pub(crate) fn start_drains<T: Send + Sync + 'static>(
-    claimed: SmallVec<[StreamEntry<T>; 4]>,
-    workers: usize,
-) {
-    let mut sync_drains = Vec::new();
-    for entry in claimed {
-        let Some(ordered) = ordered_of(&entry) else {
-            continue;
-        };
-        match ordered.handler {
-            OrderedHandler::Async(_) => DrainJob { entry, ran: false }.spawn_async(),
-            OrderedHandler::Sync(_) => sync_drains.push(entry),
-        }
-    }
-    if sync_drains.is_empty() {
-        return;
-    }
-    let chunk = sync_drains
-        .len()
-        .div_ceil(workers.max(1))
-        .max(MIN_DRAINS_PER_JOB);
-    while !sync_drains.is_empty() {
-        let rest = sync_drains.split_off(chunk.min(sync_drains.len()));
-        DrainChunk {
-            entries: std::mem::replace(&mut sync_drains, rest),
-        }
-        .dispatch();
-    }
-}
-
-/// Drains fewer than this share a job: starting one costs more than a few
-/// drains.
-const MIN_DRAINS_PER_JOB: usize = 16;
-
-impl<T: Send + Sync + 'static> Ordered<T> {
     /// A message was queued: claims the subscription for a drain the caller
     /// must start, unless a drain already holds it (that one will see the
     /// message: it looks again after letting go).
@@ -240,80 +133,16 @@ impl<T: Send + Sync + 'static> Ordered<T> {
     }
 }
 
-/// Sync drains started together: they hold their entries, and if the job is
-/// dropped without having run them (a runtime shutting down), what they
-/// would have run is discarded and counted.
-struct DrainChunk<T: Send + Sync + 'static> {
-    entries: Vec<StreamEntry<T>>,
+/// The drain behind an ordered subscription's entry.
+fn ordered_of<T: Send + Sync + 'static>(entry: &StreamEntry<T>) -> Option<&Ordered<T>> {
+    entry.sink.consumer()?.downcast_ref::<Ordered<T>>()
 }
 
-impl<T: Send + Sync + 'static> DrainChunk<T> {
-    fn dispatch(self) {
-        let Some(ordered) = self.entries.first().and_then(ordered_of) else {
-            return;
-        };
-        // Taken out before `self` moves into a job.
-        let on = match &ordered.on {
-            DrainOn::Inline => DrainOn::Inline,
-            DrainOn::Pool(queue) => DrainOn::Pool(queue.clone()),
-            DrainOn::Tasks(handle) => DrainOn::Tasks(handle.clone()),
-        };
-        let env = Arc::clone(&ordered.env);
-        match on {
-            DrainOn::Inline => self.run(),
-            DrainOn::Pool(queue) => {
-                let ticket = Ticket::Drain(Box::new(move || self.run()));
-                if let Err(refused) = queue.try_send(ticket) {
-                    // The queue is full: the publisher drains it itself.
-                    if let Ticket::Drain(run) = super::pool::refused_ticket(refused) {
-                        run();
-                    }
-                }
-            }
-            DrainOn::Tasks(handle) => match TaskPermit::acquire(&env) {
-                Some(permit) => {
-                    handle.spawn(async move {
-                        let _permit = permit;
-                        self.run();
-                    });
-                }
-                None => self.run(),
-            },
-        }
-    }
-
-    fn run(mut self) {
-        // Every entry of a chunk is of the same bus (one publish claimed
-        // them): one presence and one tally for all.
-        let Some(env) = self
-            .entries
-            .first()
-            .and_then(ordered_of)
-            .map(|ordered| Arc::clone(&ordered.env))
-        else {
-            return;
-        };
-        let _present = env.quiescence.enter();
-        let mut tally = Tally::default();
-        while let Some(entry) = self.entries.pop() {
-            if let Some(ordered) = ordered_of(&entry) {
-                if let OrderedHandler::Sync(handler) = &ordered.handler {
-                    ordered.drain(&entry, handler.as_ref(), &mut tally);
-                }
-            }
-        }
-        quiesce::unhold(tally.finished);
-        env.counters.add(&tally);
-    }
-}
-
-impl<T: Send + Sync + 'static> Drop for DrainChunk<T> {
-    fn drop(&mut self) {
-        for entry in self.entries.drain(..) {
-            if let Some(ordered) = ordered_of(&entry) {
-                ordered.discard(&entry);
-            }
-        }
+/// Starts the drains a publish claimed (see [`Ordered::claim`]), after it
+/// has pushed everything: a task each.
+pub(crate) fn start_drains<T: Send + Sync + 'static>(claimed: SmallVec<[StreamEntry<T>; 4]>) {
+    for entry in claimed {
+        DrainJob { entry, ran: false }.spawn();
     }
 }
 
@@ -330,7 +159,7 @@ impl<T: Send + Sync + 'static> DrainJob<T> {
         self.ran = true;
     }
 
-    fn spawn_async(mut self) {
+    fn spawn(mut self) {
         let Some(handle) = ordered_of(&self.entry).and_then(|o| o.env.handle.clone()) else {
             // Async ordered subscriptions are refused on a bus without a
             // runtime; should one get here, `Drop` counts what it carries.
@@ -341,9 +170,7 @@ impl<T: Send + Sync + 'static> DrainJob<T> {
             let _permit = permit;
             let entry = Arc::clone(&self.entry);
             if let Some(ordered) = ordered_of(&entry) {
-                if let OrderedHandler::Async(handler) = &ordered.handler {
-                    ordered.drain_async(&entry, handler.as_ref()).await;
-                }
+                ordered.drain(&entry).await;
             }
             self.done();
         });

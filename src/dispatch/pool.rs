@@ -10,8 +10,8 @@
 //!   their own then moved it between the cores on most deliveries, which
 //!   made two workers slower than one (see `docs/design-notes.md`, "Where a
 //!   subscription runs").
-//! - Other runners (below the threshold, or `Batch::Single`) and ordered
-//!   drains go to the queues in turn; an ordered subscription keeps one.
+//! - Other runners (below the threshold, or `Batch::Single`) go to the
+//!   queues in turn.
 //! - A runner that wants a helper (units left, room for one more runner)
 //!   *posts* its job rather than queuing a ticket for a guessed idle
 //!   worker: every worker looks at the post after announcing that it is
@@ -50,8 +50,6 @@ pub(crate) enum Ticket<T> {
     Run(Arc<Fanout<T>>),
     /// Chunk `c` of a job, and nothing else of it.
     Chunk(Arc<Fanout<T>>, usize),
-    /// An ordered handler's drain (see `ordered.rs`).
-    Drain(Box<dyn FnOnce() + Send>),
     /// Look for work elsewhere, or stop if stopping and there is none.
     Wake,
 }
@@ -147,7 +145,7 @@ const WAKE_ROOM: usize = 2;
 
 pub(crate) struct Pool<T> {
     shared: Arc<Shared<T>>,
-    /// Turns for runners and drains that have no chunk of their own.
+    /// Turns for runners that have no chunk of their own.
     turn: AtomicUsize,
 }
 
@@ -252,21 +250,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
     }
 }
 
-/// The ticket a refused `try_send` hands back.
-pub(crate) fn refused_ticket<T>(error: TrySendError<Ticket<T>>) -> Ticket<T> {
-    match error {
-        TrySendError::Full(ticket) | TrySendError::Disconnected(ticket) => ticket,
-    }
-}
-
 impl<T> Pool<T> {
-    /// Where an ordered subscription's drains are queued: one worker's
-    /// queue, the next in turn.
-    pub(crate) fn sender(&self) -> Sender<Ticket<T>> {
-        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
-        self.shared.queues[turn % self.shared.queues.len()].clone()
-    }
-
     /// Lets the workers finish what is queued, then stop. Idempotent.
     pub(crate) fn shut_down(&self) {
         if self.shared.stopping.swap(true, Ordering::SeqCst) {
@@ -291,10 +275,6 @@ fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<
         let (job, chunk) = match ticket {
             Ticket::Run(job) => (job, None),
             Ticket::Chunk(job, chunk) => (job, Some(chunk)),
-            Ticket::Drain(drain) => {
-                drain();
-                continue;
-            }
             Ticket::Wake => continue,
         };
         let mut runner = PoolRunner {
@@ -317,10 +297,7 @@ fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<
 fn next_ticket<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> Option<Ticket<T>> {
     let ticket = look_for_ticket(me, shared);
     // A wake-up is no work: the worker stays free through it.
-    let work = matches!(
-        ticket,
-        Some(Ticket::Run(_) | Ticket::Chunk(..) | Ticket::Drain(_))
-    );
+    let work = matches!(ticket, Some(Ticket::Run(_) | Ticket::Chunk(..)));
     if work && shared.free[me].load(Ordering::Relaxed) {
         shared.free[me].store(false, Ordering::SeqCst);
     }

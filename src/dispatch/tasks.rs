@@ -32,10 +32,6 @@ impl Tasks {
         Self { handle }
     }
 
-    pub(crate) fn handle(&self) -> &Handle {
-        &self.handle
-    }
-
     /// Spawns the job's runners; see the module docs for a full cap.
     pub(crate) fn dispatch<T: Send + Sync + 'static>(
         &self,

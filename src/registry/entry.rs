@@ -30,11 +30,54 @@ use crate::sync::{AtomicBool, Ordering};
 /// A delivery's future, when a handler is async.
 pub(crate) type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
+/// A message's position in its node's ordered log, for a delivery that
+/// has none (no ordered subscription was there when it was published).
+pub(crate) const NO_POSITION: u64 = u64::MAX;
+
+/// What a delivery by a publish's job did.
+pub(crate) enum Delivery {
+    /// Ran to completion: one delivery for the job to count.
+    Done,
+    /// An async handler's future, not yet polled.
+    Started(BoxFuture),
+    /// The sink ran what it says (an ordered subscription: one delivery
+    /// may run several messages, or none); the job adds it to its count
+    /// instead of one delivery.
+    Ran(Outcome),
+}
+
+/// What an ordered subscription's delivery ran, for the job to count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Outcome {
+    pub(crate) delivered: u32,
+    pub(crate) panics: u32,
+    pub(crate) dropped: u32,
+}
+
 /// Something a message can be delivered to, from any thread.
 pub(crate) trait Sink<T>: Send + Sync {
     /// Runs a sync handler to completion (`None`), or starts an async one and
     /// returns its future, not yet polled.
     fn deliver(&self, message: &Arc<Message<T>>) -> Option<BoxFuture>;
+
+    /// A publish's job delivering `message`, at `position` in the ordered
+    /// log of the node this entry sits at ([`NO_POSITION`] if none).
+    #[inline]
+    fn deliver_at(&self, message: &Arc<Message<T>>, _position: u64) -> Delivery {
+        match self.deliver(message) {
+            None => Delivery::Done,
+            Some(started) => Delivery::Started(started),
+        }
+    }
+
+    /// A publish's job could not run this delivery (its queue was full under
+    /// `Overflow::Drop`, or its runtime shut down). `Some` if the sink
+    /// settled it itself (what it counted); `None`: the job counts it
+    /// dropped.
+    #[inline]
+    fn discard_at(&self, _position: u64) -> Option<Outcome> {
+        None
+    }
 }
 
 /// Whether a sink's deliveries can outlive the runner that started them.
@@ -42,6 +85,9 @@ pub(crate) trait Tracked {
     /// The sink's deliveries still running outside a runner: `Some` for
     /// async handlers only.
     fn running(&self) -> Option<Arc<Running>>;
+
+    /// The subscription was just deactivated (its flag cleared).
+    fn deactivated(&self) {}
 }
 
 /// One subscription's entry. `repr(C)` keeps the flag next to the sink, in
@@ -109,7 +155,11 @@ impl<T, S: Tracked + Send + Sync> EntryControl for Subscriber<T, S> {
     }
 
     fn deactivate(&self) -> bool {
-        Subscriber::deactivate(self)
+        let first = Subscriber::deactivate(self);
+        if first {
+            self.sink.deactivated();
+        }
+        first
     }
 
     fn running(&self) -> Option<Arc<Running>> {

@@ -2,6 +2,8 @@
 //!
 //! - `entry.rs` — one subscription's entry: its flag and its sink.
 //! - `mailbox.rs` — a stream subscription's bounded mailbox.
+//! - `ordered_log.rs` — the messages a node's ordered handlers have yet to
+//!   run, shared by them.
 //! - `subset.rs` — the subscriptions of one trie node, appendable in place.
 //! - `trie.rs` — the subscription trie: snapshot shape, one writer lock.
 //! - `route.rs` — the route cache: topic → the trie nodes it reaches.
@@ -35,6 +37,7 @@
 
 pub(crate) mod entry;
 pub(crate) mod mailbox;
+pub(crate) mod ordered_log;
 pub(crate) mod quiesce;
 pub(crate) mod route;
 pub(crate) mod subset;

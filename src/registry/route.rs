@@ -22,13 +22,19 @@ use rustc_hash::FxBuildHasher;
 
 use smallvec::SmallVec;
 
+use super::entry::NO_POSITION;
 use super::subset::{HandlerSet, StreamSet};
 use super::trie::{NodeSubs, Trie};
+use crate::message::Message;
 use crate::sync::OptionArcCell;
 
 /// The handler sets one publish reaches, loaded from its route's nodes.
 /// Inline up to four (a topic rarely matches more filters): no allocation.
 pub(crate) type HandlerSets<T> = SmallVec<[Arc<HandlerSet<T>>; 4]>;
+
+/// Per handler set of a publish: its message's position in that node's
+/// ordered log.
+pub(crate) type Positions = SmallVec<[u64; 4]>;
 
 /// What one topic name reaches: the trie nodes whose filters match it. A
 /// route holds nodes, not their subscriber sets, so a set that grows or is
@@ -66,12 +72,37 @@ impl<T> Route<T> {
     }
 
     /// The current handler sets of the route's nodes (empty ones left out).
-    #[inline]
+    #[cfg(all(test, loom))]
     pub(crate) fn handler_sets(&self) -> HandlerSets<T> {
         self.nodes
             .iter()
             .filter_map(|node| node.handler_set())
             .collect()
+    }
+
+    /// [`Self::handler_sets`] for a publish of `message`: first appends it
+    /// to each node's ordered log that has readers, and records its
+    /// position there in `positions` (one per set returned; `NO_POSITION`
+    /// where there is no log). Appending before the set is loaded means a
+    /// set that lacks an ordered subscription also lacks every one that
+    /// started reading before the append.
+    pub(crate) fn handler_sets_appending(
+        &self,
+        message: &Arc<Message<T>>,
+        positions: &mut Positions,
+    ) -> HandlerSets<T> {
+        let mut sets = HandlerSets::new();
+        for node in self.nodes.iter() {
+            let position = node
+                .ordered_log()
+                .filter(|log| log.has_members())
+                .map_or(NO_POSITION, |log| log.append(message));
+            if let Some(set) = node.handler_set() {
+                sets.push(set);
+                positions.push(position);
+            }
+        }
+        sets
     }
 
     /// Subscriptions a publish to this route would reach now.

@@ -39,13 +39,14 @@
 //! number including none, and first-level wildcards skip `$` topics.
 
 use std::str::Split;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rustc_hash::{FxBuildHasher, FxHashMap};
 use smallvec::SmallVec;
 
 use super::entry::{EntryControl, Sink, Subscriber};
 use super::mailbox::Mailbox;
+use super::ordered_log::OrderedLog;
 use super::quiesce::Quiescence;
 use super::subset::{HandlerSet, StreamSet, SubSet};
 use super::{Kind, Registry};
@@ -194,6 +195,9 @@ pub(crate) struct NodeSubs<T> {
     filter: Arc<str>,
     handlers: ArcCell<HandlerSet<T>>,
     streams: ArcCell<StreamSet<T>>,
+    /// The log its sync ordered handlers read (their entries sit in
+    /// `handlers`), made by the first one.
+    ordered: OnceLock<Arc<OrderedLog<T>>>,
 }
 
 impl<T> NodeSubs<T> {
@@ -202,7 +206,14 @@ impl<T> NodeSubs<T> {
             filter: Arc::from(filter),
             handlers: ArcCell::new(Arc::new(SubSet::empty())),
             streams: ArcCell::new(Arc::new(SubSet::empty())),
+            ordered: OnceLock::new(),
         }
+    }
+
+    /// The node's ordered log, if an ordered subscription ever made one.
+    #[inline]
+    pub(crate) fn ordered_log(&self) -> Option<&Arc<OrderedLog<T>>> {
+        self.ordered.get()
     }
 
     /// Active subscriptions at this node, as the writer last counted them.
@@ -398,6 +409,18 @@ impl<T: 'static> Trie<T> {
             self.insert_locked::<K>(&mut self.lock(), filter, false, &mut make, &mut released);
         drop(released);
         result
+    }
+
+    /// The ordered log of `filter`'s node, made with room for `capacity`
+    /// messages if it has none yet; `None` if no subscription is at
+    /// `filter` (call it after inserting the one that reads it).
+    pub(crate) fn ordered_log(&self, filter: &str, capacity: usize) -> Option<Arc<OrderedLog<T>>> {
+        let writer = self.lock();
+        let subs = writer.by_filter.get(filter)?;
+        Some(Arc::clone(
+            subs.ordered
+                .get_or_init(|| Arc::new(OrderedLog::new(capacity))),
+        ))
     }
 
     /// Adds a *hidden* stream subscription under `filter`: a bridge's
