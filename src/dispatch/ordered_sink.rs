@@ -19,7 +19,8 @@
 //! - **Counted by the sink.** Each call the runner makes is counted
 //!   delivered (or a caught panic); a message pushed out of the log before
 //!   the runner reached it is counted dropped (the handler fell more than
-//!   `stream_capacity` behind); a message reached after the subscription
+//!   `stream_capacity` behind), even if the runner had already copied it
+//!   (the bound is the log's); a message reached after the subscription
 //!   was removed is skipped. The job counts each delivery finished when it
 //!   returns: a delivery that returned early has a runner still in flight,
 //!   which runs its message before returning, so `close` and
@@ -103,7 +104,7 @@ impl<T: Send + Sync + 'static> OrderedSink<T> {
             let cursor = self.cursor.load(Ordering::Relaxed);
             match first.take() {
                 Some((message, position)) if position == cursor => {
-                    self.call(message, discarding, &mut tally);
+                    self.call_unless_pushed_out(log, position, message, discarding, &mut tally);
                     self.cursor.store(position + 1, Ordering::Release);
                 }
                 _ => {
@@ -113,7 +114,9 @@ impl<T: Send + Sync + 'static> OrderedSink<T> {
                         tally.dropped += u32::try_from(start - cursor).unwrap_or(u32::MAX);
                         let mut next = start;
                         for message in batch.drain(..) {
-                            self.call(&message, discarding, &mut tally);
+                            self.call_unless_pushed_out(
+                                log, next, &message, discarding, &mut tally,
+                            );
                             next += 1;
                             self.cursor.store(next, Ordering::Release);
                         }
@@ -130,6 +133,26 @@ impl<T: Send + Sync + 'static> OrderedSink<T> {
             }
         }
         tally
+    }
+
+    /// [`Self::call`], or a drop if the log has pushed the message out
+    /// meanwhile: the handler fell more than the log's capacity behind
+    /// (while it ran an earlier message, newer ones kept coming).
+    fn call_unless_pushed_out(
+        &self,
+        log: &OrderedLog<T>,
+        position: u64,
+        message: &Message<T>,
+        discarding: bool,
+        tally: &mut Outcome,
+    ) {
+        if log.pushed_out(position) {
+            if self.active.load(Ordering::Acquire) {
+                tally.dropped += 1;
+            }
+            return;
+        }
+        self.call(message, discarding, tally);
     }
 
     /// One message: the handler's call, counted; skipped once removed;
@@ -188,5 +211,69 @@ impl<T> Tracked for OrderedSink<T> {
                 log.leave();
             }
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+
+    use super::OrderedSink;
+    use crate::message::Message;
+    use crate::registry::entry::{Delivery, Outcome, Sink};
+    use crate::registry::ordered_log::OrderedLog;
+
+    fn deliver(sink: &OrderedSink<u32>, log: &OrderedLog<u32>, value: u32) -> Outcome {
+        let message = Arc::new(Message::new("t", value));
+        let position = log.append(&message);
+        match sink.deliver_at(&message, position) {
+            Delivery::Ran(outcome) => outcome,
+            _ => unreachable!("an ordered sink counts its own"),
+        }
+    }
+
+    /// A runner that copied messages from the log and then blocked in a
+    /// call does not run the copies the log pushed out meanwhile: the
+    /// bound is the log's capacity, and what it pushed out counts dropped.
+    #[test]
+    fn copies_pushed_out_of_the_log_are_dropped_not_run() {
+        let log = Arc::new(OrderedLog::<u32>::new(4));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (blocked_tx, blocked) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel::<()>();
+        let release_rx = Mutex::new(release_rx);
+        let sink = {
+            let seen = Arc::clone(&seen);
+            Arc::new(OrderedSink::new(
+                Box::new(move |m: &Message<u32>| {
+                    if *m.data() == 0 {
+                        blocked_tx.send(()).unwrap();
+                        release_rx.lock().unwrap().recv().unwrap();
+                    }
+                    seen.lock().unwrap().push(*m.data());
+                }),
+                1,
+            ))
+        };
+        sink.attach(Arc::clone(&log));
+        // Position 0 is appended without a delivery, so the delivery of 1
+        // becomes the runner through the log: it copies 0 and 1, then
+        // blocks in the call for 0.
+        log.append(&Arc::new(Message::new("t", 0)));
+        let runner = {
+            let (sink, log) = (Arc::clone(&sink), Arc::clone(&log));
+            std::thread::spawn(move || deliver(&sink, &log, 1))
+        };
+        blocked.recv().unwrap();
+        // Six more while it is blocked: the log keeps 4..7 only.
+        for value in 2..8 {
+            let early = deliver(&sink, &log, value);
+            assert_eq!(early, Outcome::default(), "the runner runs these");
+        }
+        release.send(()).unwrap();
+        let outcome = runner.join().unwrap();
+        assert_eq!(*seen.lock().unwrap(), [0, 4, 5, 6, 7]);
+        assert_eq!((outcome.delivered, outcome.dropped), (5, 3));
     }
 }

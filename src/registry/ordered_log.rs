@@ -101,6 +101,14 @@ impl<T> OrderedLog<T> {
         position
     }
 
+    /// Whether the message at `position` has been pushed out of the ring:
+    /// a subscription that had not run it yet lost it, even if a runner
+    /// still holds a copy (the bound is the ring's, not the copies').
+    #[inline]
+    pub(crate) fn pushed_out(&self, position: u64) -> bool {
+        position + (self.capacity as u64) < self.head()
+    }
+
     /// Copies the messages from position `from` to the head into `into`;
     /// returns the position of the first one copied (above `from` if the
     /// older ones were pushed out of the ring).
