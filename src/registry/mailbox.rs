@@ -150,9 +150,10 @@ impl<T> Mailbox<T> {
     /// the message does not stay. A live copy of a retained message already
     /// in this mailbox's snapshot is skipped.
     pub(crate) fn push(&self, message: Arc<Message<T>>, reserved: bool) -> Pushed {
-        if reserved && self.overflow != StreamOverflow::Backpressure {
-            debug_assert!(false, "room reserved in a lossy mailbox");
-        }
+        debug_assert!(
+            !reserved || self.overflow == StreamOverflow::Backpressure,
+            "room reserved in a lossy mailbox"
+        );
         let kept = self.push_kept(message, reserved);
         if reserved && !kept.queued {
             self.unreserve();
