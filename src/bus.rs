@@ -305,7 +305,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// falls further behind loses the oldest it had not run, counted in
     /// [`Stats::dropped`](crate::Stats). A slow ordered handler holds up only
     /// itself. The log keeps its messages alive until newer ones push them
-    /// out, even after every handler ran them.
+    /// out (or the filter's last ordered subscription is gone), even after
+    /// every handler ran them.
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {

@@ -558,6 +558,35 @@ async fn async_ordered_handlers_await_each_call_in_order() {
     }
 }
 
+/// Once its last ordered subscription is gone, a filter's ordered log lets
+/// go of the messages it kept, though the filter still has subscribers.
+#[test]
+fn the_ordered_log_releases_its_messages_when_its_last_reader_leaves() {
+    for mode in MODES {
+        let rt = common::runtime(2);
+        let bus = Bus::<Arc<()>>::builder()
+            .delivery(mode)
+            .workers(2)
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap();
+        let probe = Arc::new(());
+        let _plain = bus.subscribe("t", |_| {}).unwrap();
+        let ordered = bus.subscribe_ordered("t", |_| {}).unwrap();
+        for _ in 0..10 {
+            bus.publish("t", Arc::clone(&probe)).unwrap();
+        }
+        assert!(common::wait_until(LIMIT, || bus.inflight_messages() == 0));
+        drop(ordered);
+        // Other references (in-flight jobs) go as their runners finish.
+        assert!(
+            common::wait_until(LIMIT, || Arc::strong_count(&probe) == 1),
+            "{mode:?}: {} references left",
+            Arc::strong_count(&probe) - 1
+        );
+    }
+}
+
 /// `unsubscribe_and_wait` on an async ordered subscription waits for the
 /// call in progress, as it does for every other handler.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

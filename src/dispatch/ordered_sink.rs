@@ -110,8 +110,11 @@ impl<T: Send + Sync + 'static> OrderedSink<T> {
                 _ => {
                     if cursor < log.head() {
                         let start = log.read(cursor, &mut batch);
-                        // Pushed out of the ring before this runner got to them.
-                        tally.dropped += u32::try_from(start - cursor).unwrap_or(u32::MAX);
+                        // Pushed out of the ring before this runner got to
+                        // them (lost, unless the subscription left: skipped).
+                        if self.active.load(Ordering::Acquire) {
+                            tally.dropped += u32::try_from(start - cursor).unwrap_or(u32::MAX);
+                        }
                         let mut next = start;
                         for message in batch.drain(..) {
                             self.call_unless_pushed_out(
@@ -197,6 +200,14 @@ impl<T: Send + Sync + 'static> Sink<T> for OrderedSink<T> {
             Some(log) if self.arrive(position) => self.run(log, None, true),
             _ => Outcome::default(),
         })
+    }
+}
+
+impl<T> Drop for OrderedSink<T> {
+    fn drop(&mut self) {
+        if let Some(log) = self.log.get() {
+            log.release_if_unread();
+        }
     }
 }
 

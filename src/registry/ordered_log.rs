@@ -11,7 +11,9 @@
 //!   `stream_capacity`). A subscription whose handler falls further behind
 //!   finds the older ones gone: it counts them dropped (its lag).
 //! - A message pushed out of the ring is dropped after the lock, so no user
-//!   `Drop` runs while the log is locked.
+//!   `Drop` runs while the log is locked. Once no subscription reads the
+//!   log, the last one's entry lets go of what it kept (the node may live on
+//!   for other subscriptions).
 //! - `head` (the next position) is published with `SeqCst` after the
 //!   append; a reader that sees it can read every position below it.
 
@@ -72,6 +74,22 @@ impl<T> OrderedLog<T> {
     /// A subscription stopped reading.
     pub(crate) fn leave(&self) {
         self.members.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Lets go of the messages kept, if no subscription reads the log any
+    /// more (one that joins later starts at the head anyway). Called when an
+    /// ordered entry is dropped, which happens outside the trie's lock; the
+    /// messages are dropped after this log's lock too.
+    pub(crate) fn release_if_unread(&self) {
+        let released = {
+            let mut ring = self.lock();
+            if self.members.load(Ordering::SeqCst) > 0 {
+                return;
+            }
+            ring.first += ring.messages.len() as u64;
+            std::mem::take(&mut ring.messages)
+        };
+        drop(released);
     }
 
     /// The position the next append gets: every position below it can be
