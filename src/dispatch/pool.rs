@@ -61,6 +61,11 @@ struct Shared<T> {
     capacity: usize,
     queues: Vec<Sender<Ticket<T>>>,
     tickets: Vec<Receiver<Ticket<T>>>,
+    /// Per queue: wake-ups in it (or about to be). Admission counts work
+    /// only: a wake-up can outlive its purpose (its worker found work by
+    /// another way and runs it), and while that work runs the stale wake-up
+    /// would otherwise take a one-ticket queue's only place.
+    wakes: Vec<CachePadded<AtomicUsize>>,
     /// Per worker: waiting on its own empty queue (or about to). Only the
     /// worker itself changes it. Other workers take nothing from a waiting
     /// worker's queue: it is about to take what is there itself.
@@ -106,9 +111,34 @@ impl<T> Shared<T> {
         // After the post: a worker that set its waiting flag before this
         // load looks at the post after; one that did not is seen here.
         if let Some(worker) = self.take_waiting(usize::MAX) {
-            let _ = self.queues[worker].try_send(Ticket::Wake);
+            self.wake(worker);
         }
         replaced
+    }
+
+    /// Queues a wake-up for `worker`; a full queue needs none (its worker
+    /// has work to take).
+    fn wake(&self, worker: usize) {
+        // Counted before it is sent, so taking it never sees the count at
+        // zero; meanwhile a publisher may admit one ticket more than the
+        // capacity, which the channel's wake-up room holds.
+        self.wakes[worker].fetch_add(1, Ordering::SeqCst);
+        if self.queues[worker].try_send(Ticket::Wake).is_err() {
+            self.wakes[worker].fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Notes a ticket taken from `worker`'s queue.
+    fn took(&self, worker: usize, ticket: &Ticket<T>) {
+        if matches!(ticket, Ticket::Wake) {
+            self.wakes[worker].fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether `worker`'s queue takes another work ticket.
+    fn has_room(&self, worker: usize) -> bool {
+        let wakes = self.wakes[worker].load(Ordering::SeqCst);
+        self.queues[worker].len().saturating_sub(wakes) < self.capacity
     }
 
     /// The posted job, if it still wants a runner.
@@ -125,18 +155,43 @@ impl<T> Shared<T> {
     /// Queues `ticket` for `worker`; if that worker is busy (it may be
     /// stuck in a slow handler) and another waits, wakes the other to help.
     fn push(&self, worker: usize, ticket: Ticket<T>) -> Result<(), TrySendError<Ticket<T>>> {
-        let queue = &self.queues[worker];
-        if queue.len() >= self.capacity {
+        if !self.has_room(worker) {
             return Err(TrySendError::Full(ticket));
         }
-        queue.try_send(ticket)?;
+        self.queues[worker].try_send(ticket)?;
         if !self.waiting[worker].load(Ordering::SeqCst) {
             if let Some(helper) = self.take_waiting(worker) {
-                // A waiting worker's queue is empty: there is room.
-                let _ = self.queues[helper].try_send(Ticket::Wake);
+                self.wake(helper);
             }
         }
         Ok(())
+    }
+}
+
+impl<T> Shared<T> {
+    fn new(workers: usize, per_worker: usize) -> Self {
+        let (queues, tickets) = (0..workers)
+            .map(|_| channel::bounded(per_worker + WAKE_ROOM))
+            .unzip();
+        let flags = |value: bool| {
+            (0..workers)
+                .map(|_| CachePadded::new(AtomicBool::new(value)))
+                .collect()
+        };
+        Self {
+            capacity: per_worker,
+            queues,
+            tickets,
+            wakes: (0..workers)
+                .map(|_| CachePadded::new(AtomicUsize::new(0)))
+                .collect(),
+            waiting: flags(false),
+            woken: flags(false),
+            free: flags(true),
+            wanted: Mutex::new(None),
+            idle: CachePadded::new(AtomicUsize::new(0)),
+            stopping: AtomicBool::new(false),
+        }
     }
 }
 
@@ -152,28 +207,8 @@ pub(crate) struct Pool<T> {
 impl<T: Send + Sync + 'static> Pool<T> {
     pub(crate) fn start(workers: usize, capacity: usize, env: &Arc<Env>) -> Result<Self, Error> {
         let per_worker = capacity.div_ceil(workers.max(1)).max(1);
-        let (queues, tickets) = (0..workers)
-            .map(|_| channel::bounded(per_worker + WAKE_ROOM))
-            .unzip();
-        let shared = Arc::new(Shared {
-            capacity: per_worker,
-            queues,
-            tickets,
-            waiting: (0..workers)
-                .map(|_| CachePadded::new(AtomicBool::new(false)))
-                .collect(),
-            woken: (0..workers)
-                .map(|_| CachePadded::new(AtomicBool::new(false)))
-                .collect(),
-            free: (0..workers)
-                .map(|_| CachePadded::new(AtomicBool::new(true)))
-                .collect(),
-            wanted: Mutex::new(None),
-            idle: CachePadded::new(AtomicUsize::new(0)),
-            stopping: AtomicBool::new(false),
-        });
         let pool = Self {
-            shared,
+            shared: Arc::new(Shared::new(workers, per_worker)),
             turn: AtomicUsize::new(0),
         };
         for index in 0..workers {
@@ -256,10 +291,10 @@ impl<T> Pool<T> {
         if self.shared.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
-        for queue in &self.shared.queues {
+        for worker in 0..self.shared.queues.len() {
             // A full queue's worker is not waiting: it sees the flag once
             // every queue is empty.
-            let _ = queue.try_send(Ticket::Wake);
+            self.shared.wake(worker);
         }
     }
 }
@@ -307,6 +342,7 @@ fn next_ticket<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> Optio
 fn look_for_ticket<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> Option<Ticket<T>> {
     let workers = shared.tickets.len();
     if let Ok(ticket) = shared.tickets[me].try_recv() {
+        shared.took(me, &ticket);
         return Some(ticket);
     }
     if !shared.free[me].load(Ordering::Relaxed) {
@@ -321,7 +357,8 @@ fn look_for_ticket<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> O
             // Another worker's wake-up is its own: handed back, or that
             // worker could wait for ever.
             Ok(Ticket::Wake) => {
-                let _ = shared.queues[other].try_send(Ticket::Wake);
+                shared.took(other, &Ticket::Wake);
+                shared.wake(other);
             }
             Ok(ticket) => {
                 if shared.stopping.load(Ordering::SeqCst) {
@@ -329,7 +366,7 @@ fn look_for_ticket<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> O
                     // with what was just taken: its worker must not wait
                     // on it for ever. (No one queues after the stop, so
                     // there is room.)
-                    let _ = shared.queues[other].try_send(Ticket::Wake);
+                    shared.wake(other);
                 }
                 return Some(ticket);
             }
@@ -350,7 +387,13 @@ fn look_for_ticket<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> O
     }
     // Disconnected (every handle gone): the caller looks again, and stops
     // once all is run.
-    let ticket = shared.tickets[me].recv().unwrap_or(Ticket::Wake);
+    let ticket = match shared.tickets[me].recv() {
+        Ok(ticket) => {
+            shared.took(me, &ticket);
+            ticket
+        }
+        Err(_) => Ticket::Wake,
+    };
     shared.idle.fetch_sub(1, Ordering::SeqCst);
     shared.waiting[me].store(false, Ordering::SeqCst);
     shared.woken[me].store(false, Ordering::SeqCst);
@@ -383,5 +426,27 @@ impl<T: Send + Sync + 'static> Runner<T> for PoolRunner<'_, T> {
 
     fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) {
         pending::settle(delivery, self.env, self.place, tally);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stale_wake_up_takes_no_place_of_work() {
+        let shared = Shared::<u32>::new(2, 1);
+        // Worker 0 was woken, then found work another way and runs it: its
+        // wake-up stays queued meanwhile.
+        shared.wake(0);
+        assert!(
+            shared.has_room(0),
+            "a one-ticket queue holding only a wake-up has room"
+        );
+        assert_eq!(shared.queues[0].len(), 1);
+        let ticket = shared.tickets[0].try_recv().unwrap();
+        shared.took(0, &ticket);
+        assert_eq!(shared.wakes[0].load(Ordering::SeqCst), 0);
+        assert!(shared.has_room(0));
     }
 }
