@@ -72,7 +72,7 @@ impl<T> Route<T> {
     }
 
     /// The current handler sets of the route's nodes (empty ones left out).
-    #[cfg(all(test, loom))]
+    #[cfg(test)]
     pub(crate) fn handler_sets(&self) -> HandlerSets<T> {
         self.nodes
             .iter()

@@ -322,7 +322,7 @@ pub(crate) enum InsertError {
 }
 
 impl<T: 'static> Trie<T> {
-    #[cfg(all(test, loom))]
+    #[cfg(test)]
     pub(crate) fn new() -> Self {
         Self::with_quiescence(Arc::new(Quiescence::new()))
     }
