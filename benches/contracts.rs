@@ -31,7 +31,7 @@ use blazesub::{Bus, DeliveryMode, Message, StreamOptions, StreamOverflow, Subscr
 use criterion::{criterion_group, Criterion};
 
 use common::report::{criterion_results, format_ns, Chart, Report, Series, Table};
-use common::{bench_mode, runtime, wait_for};
+use common::{bench_mode, runtime, service, wait_for};
 
 const STREAMS: usize = 100;
 const STREAM_BURST: u64 = 1_000;
@@ -322,15 +322,65 @@ criterion_group! {
     targets = contracts
 }
 
+/// The handlers comparison in the service setting (`common::service`): the
+/// publisher a task on a 2-worker runtime, bursts of 10,000 publishes, the
+/// bench's thread parked until the last handler call; medians of 5
+/// repetitions alternating between the two contracts. ns per publish,
+/// (unordered, ordered).
+fn service_handlers() -> (f64, f64) {
+    const REPETITIONS: usize = 5;
+    const PUBLISHES: u64 = 10_000;
+    let rt = runtime();
+    let mut setups: Vec<_> = [false, true]
+        .into_iter()
+        .map(|ordered| {
+            let bus = Bus::<u64>::builder()
+                .delivery(DeliveryMode::WorkerPool)
+                .stream_capacity(4_096)
+                .runtime(rt.handle().clone())
+                .build()
+                .expect("bus");
+            let workload = if ordered {
+                service::ordered_shared_counter(&bus, "h", HANDLERS)
+            } else {
+                service::shared_counter(&bus, "h", HANDLERS)
+            };
+            (bus, vec![workload], Vec::new())
+        })
+        .collect();
+    for (bus, workloads, _) in &mut setups {
+        service::burst(&rt, bus, workloads, PUBLISHES); // warm-up
+    }
+    for _ in 0..REPETITIONS {
+        for (bus, workloads, samples) in &mut setups {
+            let time = service::burst(&rt, bus, workloads, PUBLISHES);
+            samples.push(time.as_nanos() as f64 / PUBLISHES as f64);
+        }
+    }
+    let median = |samples: &[f64]| service::spread(samples).0;
+    let (unordered, ordered) = (median(&setups[0].2), median(&setups[1].2));
+    println!(
+        "handlers, service setting: unordered {unordered:.0} ns, ordered {ordered:.0} ns \
+         ({:.2}×)",
+        ordered / unordered
+    );
+    (unordered, ordered)
+}
+
 fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
     if bench_mode() {
-        write_report(&streams_target_pair(), &sweep_streams(), &sweep_handlers());
+        write_report(
+            &streams_target_pair(),
+            &sweep_streams(),
+            &sweep_handlers(),
+            service_handlers(),
+        );
     }
 }
 
-fn write_report(pair: &Point, streams: &[Point], handlers: &[Point]) {
+fn write_report(pair: &Point, streams: &[Point], handlers: &[Point], service: (f64, f64)) {
     let mut report = Report::new(
         "contracts",
         "Delivery contracts: what each costs against the default",
@@ -388,6 +438,16 @@ fn write_report(pair: &Point, streams: &[Point], handlers: &[Point]) {
         "≤ 1.5×".into(),
         met(ordered / unordered <= 1.5 && ordered_alt <= 1.5),
     ]);
+    let (service_unordered, service_ordered) = service;
+    targets.row(vec![
+        "the same, service setting: publisher a runtime task".into(),
+        format_ns(service_unordered),
+        format_ns(service_ordered),
+        "—".into(),
+        format!("{:.2}×", service_ordered / service_unordered),
+        "≤ 1.5×".into(),
+        met(service_ordered / service_unordered <= 1.5),
+    ]);
     targets.row(vec![
         "`has_subscribers` on a warm topic".into(),
         "—".into(),
@@ -402,7 +462,10 @@ fn write_report(pair: &Point, streams: &[Point], handlers: &[Point]) {
                     reader took (or lost) all of it; drop-oldest mailboxes of 1,024 (a burst \
                     loses nothing), lossless ones of 64. The alternating ratio measures the \
                     same pair in turn in one process. Handlers: each adds one to a shared counter; bursts of 100 \
-                    publishes from the bench's thread, timed until every handler ran."
+                    publishes from the bench's thread, timed until every handler ran. Service \
+                    setting: the publisher a task of a 2-worker runtime, bursts of 10,000, the \
+                    bench's thread parked until the last handler call, medians of 5 repetitions \
+                    alternating between the two contracts."
         .into();
     let mut sweep = Table::new(
         "Sweeps (median of 5 repetitions, alternating; both contracts at the same capacity)",

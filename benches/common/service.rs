@@ -96,15 +96,29 @@ pub struct Workload {
 
 /// `subscribers` handlers on `topic`, each adding one to one shared counter.
 pub fn shared_counter(bus: &Bus<u64>, topic: &str, subscribers: usize) -> Workload {
+    shared_counter_of(bus, topic, subscribers, false)
+}
+
+/// [`shared_counter`] with `subscribe_ordered` handlers.
+pub fn ordered_shared_counter(bus: &Bus<u64>, topic: &str, subscribers: usize) -> Workload {
+    shared_counter_of(bus, topic, subscribers, true)
+}
+
+fn shared_counter_of(bus: &Bus<u64>, topic: &str, subscribers: usize, ordered: bool) -> Workload {
     let completion = Completion::new(1);
     let counter = Arc::new(CachePadded::new(AtomicU64::new(0)));
     let subscriptions = (0..subscribers)
         .map(|_| {
             let counter = Arc::clone(&counter);
             let completion = Arc::clone(&completion);
-            bus.subscribe(topic, move |_: &Message<u64>| {
+            let handler = move |_: &Message<u64>| {
                 completion.counted(counter.fetch_add(1, Ordering::Relaxed) + 1);
-            })
+            };
+            if ordered {
+                bus.subscribe_ordered(topic, handler)
+            } else {
+                bus.subscribe(topic, handler)
+            }
             .expect("subscribe")
         })
         .collect();
