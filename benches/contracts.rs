@@ -150,15 +150,21 @@ struct Handlers {
     _rt: tokio::runtime::Runtime,
 }
 
+/// The bus both handler comparisons use: the default mode, with an ordered
+/// log long enough that a burst loses nothing.
+fn handlers_bus(rt: &tokio::runtime::Runtime) -> Bus<u64> {
+    Bus::<u64>::builder()
+        .delivery(DeliveryMode::WorkerPool)
+        .stream_capacity(4_096)
+        .runtime(rt.handle().clone())
+        .build()
+        .expect("bus")
+}
+
 impl Handlers {
     fn new(ordered: bool, count: usize) -> Self {
         let rt = runtime();
-        let bus = Bus::<u64>::builder()
-            .delivery(DeliveryMode::WorkerPool)
-            .stream_capacity(4_096)
-            .runtime(rt.handle().clone())
-            .build()
-            .expect("bus");
+        let bus = handlers_bus(&rt);
         let counter = Arc::new(AtomicU64::new(0));
         let subs = (0..count)
             .map(|_| {
@@ -334,12 +340,7 @@ fn service_handlers() -> (f64, f64) {
     let mut setups: Vec<_> = [false, true]
         .into_iter()
         .map(|ordered| {
-            let bus = Bus::<u64>::builder()
-                .delivery(DeliveryMode::WorkerPool)
-                .stream_capacity(4_096)
-                .runtime(rt.handle().clone())
-                .build()
-                .expect("bus");
+            let bus = handlers_bus(&rt);
             let workload = if ordered {
                 service::ordered_shared_counter(&bus, "h", HANDLERS)
             } else {
