@@ -333,7 +333,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         self.check_ordered_filter(filter)?;
         let inner = &self.inner;
         let id = self.next_id();
-        let sink = OrderedSink::new(Box::new(handler), id);
+        let sink = OrderedSink::new(handler, id);
         let mut made = None;
         inner
             .trie

@@ -16,8 +16,10 @@
 //!   and, if more deliveries arrived meanwhile, catches up again. The
 //!   read-modify-writes on `pending` order each arrival's append before the
 //!   runner's next look at the head.
-//! - **Counted by the sink.** Each call the runner makes is counted
-//!   delivered (or a caught panic); a message pushed out of the log before
+//! - **Counted by the sink.** The common case (a delivery that runs its own
+//!   message and nothing else, and it returns) is a plain delivery for the
+//!   job to count, as for an unordered handler. Otherwise each call the
+//!   runner makes is counted delivered (or a caught panic); a message pushed out of the log before
 //!   the runner reached it is counted dropped (the handler fell more than
 //!   `stream_capacity` behind), even if the runner had already copied it
 //!   (the bound is the log's); a message reached after the subscription
@@ -42,12 +44,10 @@ use crate::registry::ordered_log::OrderedLog;
 use crate::registry::quiesce::Running;
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-/// A sync ordered handler.
-type Handler<T> = dyn Fn(&Message<T>) + Send + Sync;
-
-/// A sync ordered subscription's sink.
-pub(crate) struct OrderedSink<T> {
-    handler: Box<Handler<T>>,
+/// A sync ordered subscription's sink. The handler is kept inline (not
+/// boxed): a delivery is then one pointer chase from the entry to the
+/// handler's captures, as for an unordered handler.
+pub(crate) struct OrderedSink<T, H> {
     /// Set once the subscription is in the trie (the node's log exists
     /// then); a delivery before that has nothing to run.
     log: OnceLock<Arc<OrderedLog<T>>>,
@@ -58,17 +58,43 @@ pub(crate) struct OrderedSink<T> {
     /// Cleared when the subscription is removed: the runner skips the rest.
     active: AtomicBool,
     id: u64,
+    handler: H,
 }
 
-impl<T: Send + Sync + 'static> OrderedSink<T> {
-    pub(crate) fn new(handler: Box<Handler<T>>, id: u64) -> Self {
+/// What one call did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Delivered,
+    Panicked,
+    /// Not made: the subscription left, or the message is being discarded.
+    Skipped,
+    Dropped,
+}
+
+impl Outcome {
+    fn add(&mut self, call: Call) {
+        match call {
+            Call::Delivered => self.delivered += 1,
+            Call::Panicked => self.panics += 1,
+            Call::Dropped => self.dropped += 1,
+            Call::Skipped => {}
+        }
+    }
+}
+
+impl<T, H> OrderedSink<T, H>
+where
+    T: Send + Sync + 'static,
+    H: Fn(&Message<T>) + Send + Sync + 'static,
+{
+    pub(crate) fn new(handler: H, id: u64) -> Self {
         Self {
-            handler,
             log: OnceLock::new(),
             cursor: AtomicU64::new(0),
             pending: AtomicUsize::new(0),
             active: AtomicBool::new(true),
             id,
+            handler,
         }
     }
 
@@ -82,29 +108,66 @@ impl<T: Send + Sync + 'static> OrderedSink<T> {
 
     /// Counts in a delivery of `position`; true if the caller is now the
     /// runner.
+    #[inline]
     fn arrive(&self, position: u64) -> bool {
         position != NO_POSITION
             && self.cursor.load(Ordering::Acquire) <= position
             && self.pending.fetch_add(1, Ordering::AcqRel) == 0
     }
 
+    /// The delivery of `position` became the runner: the common case first
+    /// (it is the next message and no other delivery arrives while it runs:
+    /// one call, counted by the job like any delivery), else the runner's
+    /// loop.
+    #[inline]
+    fn deliver_as_runner(
+        &self,
+        log: &OrderedLog<T>,
+        message: &Message<T>,
+        position: u64,
+    ) -> Delivery {
+        if self.cursor.load(Ordering::Relaxed) != position {
+            return Delivery::Ran(self.run(log, Some((message, position)), false, 1));
+        }
+        let call = self.call_unless_pushed_out(log, position, message, false);
+        self.cursor.store(position + 1, Ordering::Release);
+        let seen = match self
+            .pending
+            .compare_exchange(1, 0, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) if call == Call::Delivered => return Delivery::Done,
+            Ok(_) => 0,
+            Err(now) => now,
+        };
+        let mut tally = Outcome::default();
+        tally.add(call);
+        if seen > 0 {
+            let rest = self.run(log, None, false, seen);
+            tally.delivered += rest.delivered;
+            tally.panics += rest.panics;
+            tally.dropped += rest.dropped;
+        }
+        Delivery::Ran(tally)
+    }
+
     /// The runner's loop (see the module docs): runs (or, if `discarding`,
     /// counts dropped) everything up to the head, starting with `first` if
-    /// it is the next message, until no delivery is left counted in.
+    /// it is the next message, until no delivery is left counted in
+    /// (`seen`: the count in `pending` it last read).
     fn run(
         &self,
         log: &OrderedLog<T>,
         mut first: Option<(&Message<T>, u64)>,
         discarding: bool,
+        mut seen: usize,
     ) -> Outcome {
         let mut tally = Outcome::default();
         let mut batch = Vec::new();
-        let mut seen = 1;
         loop {
             let cursor = self.cursor.load(Ordering::Relaxed);
             match first.take() {
                 Some((message, position)) if position == cursor => {
-                    self.call_unless_pushed_out(log, position, message, discarding, &mut tally);
+                    tally.add(self.call_unless_pushed_out(log, position, message, discarding));
                     self.cursor.store(position + 1, Ordering::Release);
                 }
                 _ => {
@@ -117,9 +180,7 @@ impl<T: Send + Sync + 'static> OrderedSink<T> {
                         }
                         let mut next = start;
                         for message in batch.drain(..) {
-                            self.call_unless_pushed_out(
-                                log, next, &message, discarding, &mut tally,
-                            );
+                            tally.add(self.call_unless_pushed_out(log, next, &message, discarding));
                             next += 1;
                             self.cursor.store(next, Ordering::Release);
                         }
@@ -141,44 +202,49 @@ impl<T: Send + Sync + 'static> OrderedSink<T> {
     /// [`Self::call`], or a drop if the log has pushed the message out
     /// meanwhile: the handler fell more than the log's capacity behind
     /// (while it ran an earlier message, newer ones kept coming).
+    #[inline]
     fn call_unless_pushed_out(
         &self,
         log: &OrderedLog<T>,
         position: u64,
         message: &Message<T>,
         discarding: bool,
-        tally: &mut Outcome,
-    ) {
+    ) -> Call {
         if log.pushed_out(position) {
-            if self.active.load(Ordering::Acquire) {
-                tally.dropped += 1;
-            }
-            return;
+            return if self.active.load(Ordering::Acquire) {
+                Call::Dropped
+            } else {
+                Call::Skipped
+            };
         }
-        self.call(message, discarding, tally);
+        self.call(message, discarding)
     }
 
-    /// One message: the handler's call, counted; skipped once removed;
-    /// counted dropped if discarding.
-    fn call(&self, message: &Message<T>, discarding: bool, tally: &mut Outcome) {
+    /// One message: the handler's call; skipped once removed; dropped if
+    /// discarding.
+    #[inline]
+    fn call(&self, message: &Message<T>, discarding: bool) -> Call {
         if !self.active.load(Ordering::Acquire) {
-            return;
+            return Call::Skipped;
         }
         if discarding {
-            tally.dropped += 1;
-            return;
+            return Call::Dropped;
         }
         match catch_unwind(AssertUnwindSafe(|| (self.handler)(message))) {
-            Ok(()) => tally.delivered += 1,
+            Ok(()) => Call::Delivered,
             Err(panic) => {
-                tally.panics += 1;
                 report_panic(message.topic(), Some(self.id), panic.as_ref());
+                Call::Panicked
             }
         }
     }
 }
 
-impl<T: Send + Sync + 'static> Sink<T> for OrderedSink<T> {
+impl<T, H> Sink<T> for OrderedSink<T, H>
+where
+    T: Send + Sync + 'static,
+    H: Fn(&Message<T>) + Send + Sync + 'static,
+{
     /// Not reached: ordered subscriptions are neither shared nor primed, so
     /// only a publish's job delivers to them, through [`Sink::deliver_at`].
     /// A message without a position in the log has nothing to run.
@@ -186,24 +252,23 @@ impl<T: Send + Sync + 'static> Sink<T> for OrderedSink<T> {
         None
     }
 
+    #[inline]
     fn deliver_at(&self, message: &Arc<Message<T>>, position: u64) -> Delivery {
         match self.log.get() {
-            Some(log) if self.arrive(position) => {
-                Delivery::Ran(self.run(log, Some((message, position)), false))
-            }
+            Some(log) if self.arrive(position) => self.deliver_as_runner(log, message, position),
             _ => Delivery::Ran(Outcome::default()),
         }
     }
 
     fn discard_at(&self, position: u64) -> Option<Outcome> {
         Some(match self.log.get() {
-            Some(log) if self.arrive(position) => self.run(log, None, true),
+            Some(log) if self.arrive(position) => self.run(log, None, true, 1),
             _ => Outcome::default(),
         })
     }
 }
 
-impl<T> Drop for OrderedSink<T> {
+impl<T, H> Drop for OrderedSink<T, H> {
     fn drop(&mut self) {
         if let Some(log) = self.log.get() {
             log.release_if_unread();
@@ -211,7 +276,7 @@ impl<T> Drop for OrderedSink<T> {
     }
 }
 
-impl<T> Tracked for OrderedSink<T> {
+impl<T, H> Tracked for OrderedSink<T, H> {
     fn running(&self) -> Option<Arc<Running>> {
         None
     }
@@ -235,12 +300,16 @@ mod tests {
     use crate::registry::entry::{Delivery, Outcome, Sink};
     use crate::registry::ordered_log::OrderedLog;
 
-    fn deliver(sink: &OrderedSink<u32>, log: &OrderedLog<u32>, value: u32) -> Outcome {
+    fn deliver(sink: &impl Sink<u32>, log: &OrderedLog<u32>, value: u32) -> Outcome {
         let message = Arc::new(Message::new("t", value));
         let position = log.append(&message);
         match sink.deliver_at(&message, position) {
             Delivery::Ran(outcome) => outcome,
-            _ => unreachable!("an ordered sink counts its own"),
+            Delivery::Done => Outcome {
+                delivered: 1,
+                ..Outcome::default()
+            },
+            Delivery::Started(_) => unreachable!("an ordered sink is sync"),
         }
     }
 
@@ -257,13 +326,13 @@ mod tests {
         let sink = {
             let seen = Arc::clone(&seen);
             Arc::new(OrderedSink::new(
-                Box::new(move |m: &Message<u32>| {
+                move |m: &Message<u32>| {
                     if *m.data() == 0 {
                         blocked_tx.send(()).unwrap();
                         release_rx.lock().unwrap().recv().unwrap();
                     }
                     seen.lock().unwrap().push(*m.data());
-                }),
+                },
                 1,
             ))
         };
@@ -274,12 +343,12 @@ mod tests {
         log.append(&Arc::new(Message::new("t", 0)));
         let runner = {
             let (sink, log) = (Arc::clone(&sink), Arc::clone(&log));
-            std::thread::spawn(move || deliver(&sink, &log, 1))
+            std::thread::spawn(move || deliver(&*sink, &log, 1))
         };
         blocked.recv().unwrap();
         // Six more while it is blocked: the log keeps 4..7 only.
         for value in 2..8 {
-            let early = deliver(&sink, &log, value);
+            let early = deliver(&*sink, &log, value);
             assert_eq!(early, Outcome::default(), "the runner runs these");
         }
         release.send(()).unwrap();
