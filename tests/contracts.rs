@@ -458,6 +458,60 @@ fn ordered_handler_calls_never_overlap_and_keep_publish_order() {
     }
 }
 
+/// A topic that several filters match, only some of them with ordered
+/// subscriptions (the message has a position in some nodes' logs and none
+/// in others): each ordered handler gets every message once, in order, and
+/// the plain ones get every message. Every mode.
+#[test]
+fn ordered_handlers_among_several_matching_filters_get_every_message_in_order() {
+    use std::sync::Mutex;
+    const MESSAGES: u32 = 500;
+    for mode in MODES {
+        let rt = common::runtime(2);
+        let bus = Bus::<u32>::builder()
+            .delivery(mode)
+            .workers(2)
+            .stream_capacity(1_000)
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap();
+        let plain_calls = Arc::new(AtomicU64::new(0));
+        let mut subs = Vec::new();
+        for filter in ["#", "+/b", "a/#", "+/+"] {
+            let calls = Arc::clone(&plain_calls);
+            subs.push(
+                bus.subscribe(filter, move |_| {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap(),
+            );
+        }
+        let seen: Vec<Arc<Mutex<Vec<u32>>>> = (0..2).map(|_| Arc::default()).collect();
+        for (filter, seen) in ["a/+", "a/b"].into_iter().zip(&seen) {
+            let seen = Arc::clone(seen);
+            subs.push(
+                bus.subscribe_ordered(filter, move |m| seen.lock().unwrap().push(*m.data()))
+                    .unwrap(),
+            );
+        }
+        for value in 0..MESSAGES {
+            bus.publish("a/b", value).unwrap();
+        }
+        rt.block_on(async { tokio::time::timeout(LIMIT, bus.close()).await })
+            .expect("close hangs")
+            .unwrap();
+        let expected: Vec<u32> = (0..MESSAGES).collect();
+        for (filter, seen) in ["a/+", "a/b"].into_iter().zip(&seen) {
+            assert_eq!(*seen.lock().unwrap(), expected, "{mode:?}: {filter}");
+        }
+        assert_eq!(
+            plain_calls.load(Ordering::SeqCst),
+            4 * u64::from(MESSAGES),
+            "{mode:?}"
+        );
+    }
+}
+
 /// A slow ordered handler holds up only itself: another ordered
 /// subscription and a plain one on the same topic get every message while
 /// it is blocked; its own bounded queue drops (and counts) what does not

@@ -51,7 +51,8 @@ type Lens = SmallVec<[usize; 4]>;
 pub(crate) struct Fanout<T> {
     message: Arc<Message<T>>,
     sets: HandlerSets<T>,
-    /// Per set: the message's position in that node's ordered log.
+    /// Per set: the message's position in that node's ordered log (empty:
+    /// no set has one).
     positions: Positions,
     lens: Lens,
     total: usize,
@@ -111,7 +112,9 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         policy: &Policy,
     ) -> Option<Self> {
         // Sets added after the route's (shared groups') have no log.
-        positions.resize(sets.len(), NO_POSITION);
+        if !positions.is_empty() {
+            positions.resize(sets.len(), NO_POSITION);
+        }
         let lens: Lens = sets.iter().map(|set| set.len()).collect();
         let total = lens.iter().sum();
         if total == 0 {
@@ -128,6 +131,12 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             runners: AtomicUsize::new(0),
             helper_queued: AtomicBool::new(false),
         })
+    }
+
+    /// The message's position in set `index`'s ordered log.
+    #[inline]
+    fn position(&self, index: usize) -> u64 {
+        self.positions.get(index).copied().unwrap_or(NO_POSITION)
     }
 
     /// Deliveries in this job (entries of subscriptions removed since may be
@@ -242,7 +251,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             let (set_index, offset, set_end) = sets.locate(p.current);
             let stop = p.claim_end.min(set_end);
             let set = &self.sets[set_index];
-            let position = self.positions[set_index];
+            let position = self.position(set_index);
             for run in set.runs(offset..offset + (stop - p.current)) {
                 for slot in run {
                     match slot.get() {
@@ -362,7 +371,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
     fn discard(&self, deliveries: Range<usize>) -> usize {
         let mut dropped = 0;
         for (index, (set, slots)) in self.segments_indexed(deliveries) {
-            let position = self.positions[index];
+            let position = self.position(index);
             for entry in slots.filter_map(|offset| set.get(offset)) {
                 if entry.is_active() {
                     dropped += entry

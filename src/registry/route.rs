@@ -33,8 +33,10 @@ use crate::sync::OptionArcCell;
 pub(crate) type HandlerSets<T> = SmallVec<[Arc<HandlerSet<T>>; 4]>;
 
 /// Per handler set of a publish: its message's position in that node's
-/// ordered log.
-pub(crate) type Positions = SmallVec<[u64; 4]>;
+/// ordered log; empty when no set has one (most publishes). One inline:
+/// a publish to ordered subscriptions rarely matches several filters that
+/// have them.
+pub(crate) type Positions = SmallVec<[u64; 1]>;
 
 /// What one topic name reaches: the trie nodes whose filters match it. A
 /// route holds nodes, not their subscriber sets, so a set that grows or is
@@ -98,8 +100,13 @@ impl<T> Route<T> {
                 .filter(|log| log.has_members())
                 .map_or(NO_POSITION, |log| log.append(message));
             if let Some(set) = node.handler_set() {
+                // Left empty until a set has a log: most publishes reach no
+                // ordered subscription and carry no positions.
+                if position != NO_POSITION || !positions.is_empty() {
+                    positions.resize(sets.len(), NO_POSITION);
+                    positions.push(position);
+                }
                 sets.push(set);
-                positions.push(position);
             }
         }
         sets
