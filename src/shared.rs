@@ -20,8 +20,8 @@
 //!   message still queued in its mailbox to the other members (picked by the
 //!   policy, on the thread dropping the receiver); with none left they are
 //!   counted as dropped. A publish racing the leave that pushes into the
-//!   mailbox after it was handed over is counted as dropped, as for any
-//!   receiver dropped mid-push.
+//!   mailbox after it was handed over takes its message back and passes it
+//!   on itself (the receiver's drop leaves it alone).
 //! - Retained messages are not sent to shared subscriptions (MQTT 5
 //!   §4.8.2); [`Bus::retained`] reads a shared filter as its filter.
 //! - Least loaded counts a stream member's unread messages and a handler

@@ -76,6 +76,10 @@ pub(crate) struct Mailbox<T> {
     /// Set by the receiver's drop, before it drains: nobody will take from
     /// this mailbox again. See the module docs.
     reader_gone: AtomicBool,
+    /// Set when a shared group's member leaves: its queue was handed over,
+    /// and a push racing that is taken back by its own publisher and passed
+    /// on, so the receiver's drop must not take it (and count it dropped).
+    handed_over: AtomicBool,
     /// Retained publishes numbered this or lower were in the snapshot this
     /// mailbox was primed with (or older than it): a live copy of one is a
     /// duplicate and is skipped. 0 for a mailbox not primed.
@@ -112,6 +116,7 @@ impl<T> Mailbox<T> {
             lost: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             reader_gone: AtomicBool::new(false),
+            handed_over: AtomicBool::new(false),
             retained_after: 0,
             running: None,
         }
@@ -322,6 +327,12 @@ impl<T> Mailbox<T> {
     /// empties it. Returns how many messages it took out (unread, so
     /// dropped); a push racing this counts what it finds itself.
     pub(crate) fn reader_dropped(&self) -> u64 {
+        if self.handed_over.load(Ordering::Acquire) {
+            // Its member left its group first and handed the queue over; a
+            // message pushed since is its publisher's to pass on.
+            self.close();
+            return 0;
+        }
         self.reader_gone.store(true, Ordering::Relaxed);
         self.close();
         // Pairs with the fence in `push`.
@@ -366,6 +377,7 @@ impl<T> Mailbox<T> {
     /// group's list first): no more pushes stay; what is queued is taken
     /// with [`Self::take`] and passed on.
     pub(crate) fn leaving(&self) {
+        self.handed_over.store(true, Ordering::Release);
         self.reader_gone.store(true, Ordering::Release);
         self.closed.store(true, Ordering::Release);
         fence(Ordering::SeqCst);
@@ -447,4 +459,40 @@ pub(crate) enum Popped {
     Empty,
     /// Nothing queued and nothing will come.
     Closed,
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::Arc;
+
+    use super::Mailbox;
+    use crate::message::Message;
+    use crate::sync::{fence, Ordering};
+
+    /// A shared member's receiver is dropped while a publisher's push is
+    /// in flight: the member left (its queue handed over), then the push
+    /// lands, then the receiver's drop runs, then the publisher looks
+    /// again. The message is the publisher's to pass on: the drop neither
+    /// takes it nor counts it dropped.
+    #[test]
+    fn a_push_racing_a_shared_members_leave_is_passed_on_not_dropped() {
+        let mailbox = Mailbox::<u32>::new(8);
+        mailbox.leaving();
+        while mailbox.take().is_some() {}
+        // The publisher passed the `closed` check before `leaving`, and
+        // pushes now.
+        assert!(mailbox
+            .queue
+            .force_push(Arc::new(Message::new("t", 7)))
+            .is_none());
+        assert_eq!(mailbox.reader_dropped(), 0, "nothing counted dropped");
+        // The publisher's look after its push: the reader is gone, so it
+        // takes its message back to pass it on.
+        fence(Ordering::SeqCst);
+        assert!(mailbox.reader_gone.load(Ordering::Acquire));
+        let back = mailbox
+            .take()
+            .expect("the message is still there to pass on");
+        assert_eq!(*back.data(), 7);
+    }
 }
