@@ -499,8 +499,16 @@ struct Live {
 /// What a handler subscription received and was owed, once it is gone.
 struct Gone {
     filter: String,
-    received: Vec<u32>,
+    /// Read at the end: a call that began before the unsubscribe may still
+    /// be running when it returns (and record its message after).
+    received: Arc<Mutex<Vec<u32>>>,
     owed: Vec<u32>,
+}
+
+impl Gone {
+    fn received(&self) -> Vec<u32> {
+        self.received.lock().unwrap().clone()
+    }
 }
 
 /// What a scenario left behind.
@@ -559,7 +567,6 @@ fn run(bus: &Bus<u32>, scenario: &Scenario, exact: bool) -> Result<Outcome, Test
                         } else {
                             drop(sub);
                         }
-                        let received = received.lock().unwrap().clone();
                         gone.push(Gone {
                             filter: entry.filter,
                             received,
@@ -680,7 +687,7 @@ proptest! {
             .unwrap();
         let Outcome { live, gone, owed, .. } = run(&bus, &scenario, true)?;
         for g in &gone {
-            prop_assert_eq!(&g.received, &g.owed, "unsubscribed handler on {:?}", g.filter);
+            prop_assert_eq!(&g.received(), &g.owed, "unsubscribed handler on {:?}", g.filter);
         }
         let stats = bus.stats();
         prop_assert_eq!(stats.delivered, owed, "stats().delivered");
@@ -726,12 +733,13 @@ proptest! {
         prop_assert_eq!(bus.inflight_messages(), 0);
         let mut delivered = 0u64;
         for g in &gone {
-            let received: BTreeSet<u32> = g.received.iter().copied().collect();
-            prop_assert_eq!(received.len(), g.received.len(), "a duplicate on {:?}", g.filter);
+            let calls = g.received();
+            let received: BTreeSet<u32> = calls.iter().copied().collect();
+            prop_assert_eq!(received.len(), calls.len(), "a duplicate on {:?}", g.filter);
             let owed: BTreeSet<u32> = g.owed.iter().copied().collect();
             prop_assert!(received.is_subset(&owed),
                 "unsubscribed handler on {:?} got {:?}, owed only {:?}", g.filter, received, owed);
-            delivered += g.received.len() as u64;
+            delivered += calls.len() as u64;
         }
         for l in &live {
             match &l.handle {
