@@ -498,8 +498,7 @@ async fn a_subscribe_storm_coalesces_into_one_upstream_subscription() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_connection_is_retried_and_exports_wait_for_it() {
-    let port = nats_server::free_port();
-    let monitor = nats_server::free_port();
+    let [port, monitor] = nats_server::free_ports();
     limit(60, async {
         let bus = inline_bus::<Bytes>();
         // Nothing listens yet: start succeeds, the bridge keeps trying.

@@ -35,7 +35,21 @@ pub struct Mosquitto {
 }
 
 impl Mosquitto {
+    /// A broker on a free port; tried on a fresh port a few times, since a
+    /// port chosen free can be taken by another test's server before ours
+    /// binds it.
     pub fn start() -> Self {
+        let mut last = String::new();
+        for _ in 0..3 {
+            match Self::try_start() {
+                Ok(broker) => return broker,
+                Err(error) => last = error,
+            }
+        }
+        panic!("mosquitto did not start: {last}")
+    }
+
+    fn try_start() -> Result<Self, String> {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
@@ -54,8 +68,8 @@ impl Mosquitto {
             port,
             config,
         };
-        broker.restart();
-        broker
+        broker.try_restart()?;
+        Ok(broker)
     }
 
     pub fn url(&self) -> String {
@@ -64,6 +78,10 @@ impl Mosquitto {
 
     /// (Re)starts the process on the same port; waits until it accepts.
     pub fn restart(&mut self) {
+        self.try_restart().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn try_restart(&mut self) -> Result<(), String> {
         self.kill();
         let binary = broker_binary().unwrap_or_else(|e| panic!("{e}"));
         self.child = Some(
@@ -73,17 +91,26 @@ impl Mosquitto {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .expect("mosquitto starts"),
+                .map_err(|e| format!("mosquitto: {e}"))?,
         );
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "mosquitto did not come up on {}",
-                self.port
-            );
+            // Exited: most likely its port was taken meanwhile.
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                return Err(format!("mosquitto on {} exited: {status}", self.port));
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                return Err(format!("mosquitto did not come up on {}", self.port));
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+        Ok(())
     }
 
     /// Kills the process (by pid) and waits for it.

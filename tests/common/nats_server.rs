@@ -31,10 +31,29 @@ pub fn server_binary() -> Result<PathBuf, String> {
 
 /// A loopback port nobody listens on now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    free_ports::<1>()[0]
+}
+
+/// `N` distinct loopback ports nobody listens on now (each held until all
+/// are chosen, so the system cannot hand out one twice).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))
+        .collect();
+    std::array::from_fn(|i| listeners[i].local_addr().expect("a bound port").port())
+}
+
+/// Tries a server set on fresh ports a few times: a port chosen free can be
+/// taken by another test's server before ours binds it.
+fn with_retries<R>(what: &str, mut attempt: impl FnMut() -> Result<R, String>) -> R {
+    let mut last = String::new();
+    for _ in 0..3 {
+        match attempt() {
+            Ok(made) => return made,
+            Err(error) => last = error,
+        }
+    }
+    panic!("{what}: {last}")
 }
 
 /// One running server; killed (by its pid) when dropped.
@@ -49,12 +68,24 @@ pub struct NatsServer {
 impl NatsServer {
     /// A standalone server on free ports.
     pub fn start() -> Self {
-        Self::start_on(free_port(), free_port(), 0, &[])
+        with_retries("nats-server did not start", || {
+            let [port, monitor] = free_ports();
+            Self::try_start_on(port, monitor, 0, &[])
+        })
     }
 
     /// A server on `port` with monitoring on `monitor`; with a non-zero
     /// `cluster_port` it is a cluster member routing to `routes` (cluster ports).
     pub fn start_on(port: u16, monitor: u16, cluster_port: u16, routes: &[u16]) -> Self {
+        Self::try_start_on(port, monitor, cluster_port, routes).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_start_on(
+        port: u16,
+        monitor: u16,
+        cluster_port: u16,
+        routes: &[u16],
+    ) -> Result<Self, String> {
         let mut server = Self {
             child: None,
             port,
@@ -62,31 +93,36 @@ impl NatsServer {
             cluster_port,
             routes: routes.to_vec(),
         };
-        server.restart();
-        server
+        server.try_restart()?;
+        Ok(server)
     }
 
     /// Starts three servers routed to each other.
     pub fn cluster3() -> [Self; 3] {
-        let clusters = [free_port(), free_port(), free_port()];
-        let make = |i: usize| {
-            let routes: Vec<u16> = clusters
-                .iter()
-                .copied()
-                .filter(|&c| c != clusters[i])
-                .collect();
-            Self::start_on(free_port(), free_port(), clusters[i], &routes)
-        };
-        let servers = [make(0), make(1), make(2)];
-        // Wait until each sees the two others.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        for server in &servers {
-            while server.varz_field("routes").unwrap_or(0) < 2 {
-                assert!(Instant::now() < deadline, "the cluster did not form");
-                std::thread::sleep(Duration::from_millis(50));
+        with_retries("the cluster did not form", || {
+            let ports: [u16; 9] = free_ports();
+            let clusters = [ports[0], ports[1], ports[2]];
+            let make = |i: usize| {
+                let routes: Vec<u16> = clusters
+                    .iter()
+                    .copied()
+                    .filter(|&c| c != clusters[i])
+                    .collect();
+                Self::try_start_on(ports[3 + 2 * i], ports[4 + 2 * i], clusters[i], &routes)
+            };
+            let servers = [make(0)?, make(1)?, make(2)?];
+            // Wait until each sees the two others.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            for server in &servers {
+                while server.varz_field("routes").unwrap_or(0) < 2 {
+                    if Instant::now() > deadline {
+                        return Err("routes missing after 20 s".into());
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
             }
-        }
-        servers
+            Ok(servers)
+        })
     }
 
     /// A handle on the same server that only reads its monitoring
@@ -107,6 +143,10 @@ impl NatsServer {
 
     /// (Re)starts the process on the same ports; waits until it accepts.
     pub fn restart(&mut self) {
+        self.try_restart().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn try_restart(&mut self) -> Result<(), String> {
         self.kill();
         let binary = server_binary().unwrap_or_else(|e| panic!("{e}"));
         let mut command = Command::new(binary);
@@ -129,16 +169,25 @@ impl NatsServer {
                 ])
                 .args(["--routes", &routes.join(",")]);
         }
-        self.child = Some(command.spawn().expect("nats-server starts"));
+        self.child = Some(command.spawn().map_err(|e| format!("nats-server: {e}"))?);
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() || self.get("/varz").is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "nats-server did not come up on {}",
-                self.port
-            );
+            // Exited: most likely one of its ports was taken meanwhile.
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                return Err(format!("nats-server on {} exited: {status}", self.port));
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                return Err(format!("nats-server did not come up on {}", self.port));
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+        Ok(())
     }
 
     /// Kills the process (by pid) and waits for it.
