@@ -31,7 +31,7 @@ use smallvec::SmallVec;
 
 use super::{pending, report_panic, Env, Plan, Policy};
 use crate::message::Message;
-use crate::registry::entry::{BoxFuture, Delivery, HandlerEntry, NO_POSITION};
+use crate::registry::entry::{BoxFuture, HandlerEntry, Settled, NO_POSITION};
 use crate::registry::quiesce;
 use crate::registry::route::{HandlerSets, Positions};
 use crate::registry::subset::HandlerSet;
@@ -87,6 +87,8 @@ struct Progress {
     not_delivered: usize,
     /// Of those: async deliveries handed over to the runner, unfinished.
     handed_over: usize,
+    /// Ordered deliveries that counted what they ran themselves.
+    settled: Settled,
     /// Units in its next claim (below the threshold).
     grain: usize,
     /// When its last claim was made, and how many units it held.
@@ -206,6 +208,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             claimed: 0,
             not_delivered: 0,
             handed_over: 0,
+            settled: Settled::default(),
             grain: 1,
             last_claim: None,
             fixed: false,
@@ -235,7 +238,11 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         }
         quiesce::unhold(progress.claimed as u64);
         tally.finished += (progress.claimed - progress.handed_over) as u64;
-        tally.delivered += (progress.claimed - progress.not_delivered) as u64;
+        let settled = progress.settled;
+        tally.delivered += (progress.claimed - progress.not_delivered) as u64 - settled.deliveries
+            + settled.delivered;
+        tally.panics += settled.panics;
+        tally.dropped += settled.dropped;
         self.runners.fetch_sub(1, Ordering::Relaxed);
     }
 
@@ -256,27 +263,20 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                 for slot in run {
                     match slot.get() {
                         Some(entry) if entry.is_active() => {
-                            match entry.sink.deliver_at(&self.message, position) {
-                                Delivery::Done => {}
-                                Delivery::Ran(outcome) => {
-                                    p.not_delivered += 1;
-                                    tally.delivered += u64::from(outcome.delivered);
-                                    tally.panics += u64::from(outcome.panics);
-                                    tally.dropped += u64::from(outcome.dropped);
-                                }
-                                Delivery::Started(started) => {
-                                    if let Some(future) =
-                                        pending::first_poll(started, env.handle.as_ref())
-                                    {
-                                        // Not finished: the runner takes it over,
-                                        // with its accounting.
-                                        p.handed_over += 1;
-                                        p.not_delivered += 1;
-                                        p.current += 1;
-                                        runner.pending(future, tally);
-                                        continue;
-                                    }
-                                }
+                            let started =
+                                entry
+                                    .sink
+                                    .deliver_at(&self.message, position, &mut p.settled);
+                            if let Some(future) = started.and_then(|started| {
+                                pending::first_poll(started, env.handle.as_ref())
+                            }) {
+                                // Not finished: the runner takes it over,
+                                // with its accounting.
+                                p.handed_over += 1;
+                                p.not_delivered += 1;
+                                p.current += 1;
+                                runner.pending(future, tally);
+                                continue;
                             }
                         }
                         // Unsubscribed since the publish (or never published).

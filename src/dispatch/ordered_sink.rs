@@ -39,7 +39,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::report_panic;
 use crate::message::Message;
-use crate::registry::entry::{BoxFuture, Delivery, Outcome, Sink, Tracked, NO_POSITION};
+use crate::registry::entry::{BoxFuture, Outcome, Settled, Sink, Tracked, NO_POSITION};
 use crate::registry::ordered_log::OrderedLog;
 use crate::registry::quiesce::Running;
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -125,9 +125,11 @@ where
         log: &OrderedLog<T>,
         message: &Message<T>,
         position: u64,
-    ) -> Delivery {
+        settled: &mut Settled,
+    ) {
         if self.cursor.load(Ordering::Relaxed) != position {
-            return Delivery::Ran(self.run(log, Some((message, position)), false, 1));
+            settled.settle(self.run(log, Some((message, position)), false, 1));
+            return;
         }
         let call = self.call_unless_pushed_out(log, position, message, false);
         self.cursor.store(position + 1, Ordering::Release);
@@ -135,7 +137,7 @@ where
             .pending
             .compare_exchange(1, 0, Ordering::AcqRel, Ordering::Acquire)
         {
-            Ok(_) if call == Call::Delivered => return Delivery::Done,
+            Ok(_) if call == Call::Delivered => return,
             Ok(_) => 0,
             Err(now) => now,
         };
@@ -147,7 +149,7 @@ where
             tally.panics += rest.panics;
             tally.dropped += rest.dropped;
         }
-        Delivery::Ran(tally)
+        settled.settle(tally);
     }
 
     /// The runner's loop (see the module docs): runs (or, if `discarding`,
@@ -253,11 +255,19 @@ where
     }
 
     #[inline]
-    fn deliver_at(&self, message: &Arc<Message<T>>, position: u64) -> Delivery {
+    fn deliver_at(
+        &self,
+        message: &Arc<Message<T>>,
+        position: u64,
+        settled: &mut Settled,
+    ) -> Option<BoxFuture> {
         match self.log.get() {
-            Some(log) if self.arrive(position) => self.deliver_as_runner(log, message, position),
-            _ => Delivery::Ran(Outcome::default()),
+            Some(log) if self.arrive(position) => {
+                self.deliver_as_runner(log, message, position, settled);
+            }
+            _ => settled.settle(Outcome::default()),
         }
+        None
     }
 
     fn discard_at(&self, position: u64) -> Option<Outcome> {
@@ -297,19 +307,28 @@ mod tests {
 
     use super::OrderedSink;
     use crate::message::Message;
-    use crate::registry::entry::{Delivery, Outcome, Sink};
+    use crate::registry::entry::{Outcome, Settled, Sink};
     use crate::registry::ordered_log::OrderedLog;
 
     fn deliver(sink: &impl Sink<u32>, log: &OrderedLog<u32>, value: u32) -> Outcome {
         let message = Arc::new(Message::new("t", value));
         let position = log.append(&message);
-        match sink.deliver_at(&message, position) {
-            Delivery::Ran(outcome) => outcome,
-            Delivery::Done => Outcome {
+        let mut settled = Settled::default();
+        assert!(
+            sink.deliver_at(&message, position, &mut settled).is_none(),
+            "an ordered sink is sync"
+        );
+        if settled.deliveries == 0 {
+            return Outcome {
                 delivered: 1,
                 ..Outcome::default()
-            },
-            Delivery::Started(_) => unreachable!("an ordered sink is sync"),
+            };
+        }
+        let count = |n: u64| u32::try_from(n).unwrap();
+        Outcome {
+            delivered: count(settled.delivered),
+            panics: count(settled.panics),
+            dropped: count(settled.dropped),
         }
     }
 

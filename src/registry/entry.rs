@@ -34,16 +34,29 @@ pub(crate) type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// has none (no ordered subscription was there when it was published).
 pub(crate) const NO_POSITION: u64 = u64::MAX;
 
-/// What a delivery by a publish's job did.
-pub(crate) enum Delivery {
-    /// Ran to completion: one delivery for the job to count.
-    Done,
-    /// An async handler's future, not yet polled.
-    Started(BoxFuture),
-    /// The sink ran what it says (an ordered subscription: one delivery
-    /// may run several messages, or none); the job adds it to its count
-    /// instead of one delivery.
-    Ran(Outcome),
+/// Deliveries by a publish's job that counted themselves. The job counts
+/// one per delivery, except where an ordered subscription's delivery ran
+/// several messages or none: that one adds what it ran here instead. A
+/// plain handler's delivery never touches it, so the common case returns
+/// nothing through memory (its result fits in two registers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Settled {
+    /// Deliveries that counted themselves here.
+    pub(crate) deliveries: u64,
+    pub(crate) delivered: u64,
+    pub(crate) panics: u64,
+    pub(crate) dropped: u64,
+}
+
+impl Settled {
+    /// One delivery ran `outcome` instead of one message.
+    #[inline]
+    pub(crate) fn settle(&mut self, outcome: Outcome) {
+        self.deliveries += 1;
+        self.delivered += u64::from(outcome.delivered);
+        self.panics += u64::from(outcome.panics);
+        self.dropped += u64::from(outcome.dropped);
+    }
 }
 
 /// What an ordered subscription's delivery ran, for the job to count.
@@ -61,13 +74,17 @@ pub(crate) trait Sink<T>: Send + Sync {
     fn deliver(&self, message: &Arc<Message<T>>) -> Option<BoxFuture>;
 
     /// A publish's job delivering `message`, at `position` in the ordered
-    /// log of the node this entry sits at ([`NO_POSITION`] if none).
+    /// log of the node this entry sits at ([`NO_POSITION`] if none): as
+    /// [`Self::deliver`], except that a delivery that runs other than one
+    /// message says so in `settled`.
     #[inline]
-    fn deliver_at(&self, message: &Arc<Message<T>>, _position: u64) -> Delivery {
-        match self.deliver(message) {
-            None => Delivery::Done,
-            Some(started) => Delivery::Started(started),
-        }
+    fn deliver_at(
+        &self,
+        message: &Arc<Message<T>>,
+        _position: u64,
+        _settled: &mut Settled,
+    ) -> Option<BoxFuture> {
+        self.deliver(message)
     }
 
     /// A publish's job could not run this delivery (its queue was full under
