@@ -21,7 +21,9 @@
 //! Each setup runs 5 repetitions of bursts of 10,000 publishes, alternating
 //! between setups; the tables give the median and the spread.
 //!
-//! `cargo bench --bench fanout`
+//! `cargo bench --bench fanout`; with `FANOUT_SERVICE_ONLY=1`, the service
+//! setting alone (see `benches/service_processes.sh`, which runs it in ten
+//! fresh processes).
 
 mod common;
 
@@ -493,6 +495,13 @@ fn write_report(
 criterion_group!(benches, fanout);
 
 fn main() {
+    if std::env::var_os("FANOUT_SERVICE_ONLY").is_some() {
+        // One process of `benches/service_processes.sh`: the service
+        // setting alone, no report written.
+        service_shared_counter();
+        service_own_counters();
+        return;
+    }
     let allocations = allocations_per_publish();
     let shared = service_shared_counter();
     let own = service_own_counters();

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Steadiness across processes (issue 12): runs the fan-out bench's service
+# setting in N fresh processes (default 10) and prints, per figure, the
+# median over processes and how far the farthest process is from it.
+# The target: no default-mode (worker_pool) figure more than 1.3x from its
+# median.
+#
+#   benches/service_processes.sh [N]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-10}
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+cargo bench --bench fanout --no-run >/dev/null 2>&1
+for i in $(seq 1 "$runs"); do
+  FANOUT_SERVICE_ONLY=1 cargo bench --bench fanout -- --bench 2>/dev/null |
+    grep '^service' | sed "s/^/process $i: /" | tee -a "$out"
+done
+echo
+echo "figure | median over $runs processes | lowest | highest | farthest / median"
+# Each line: "process I: service, <shape> <setup...>: median <X> <unit>, ..."
+sed -E 's/^process [0-9]+: service, (shared counter|own counters) +(.*): median ([0-9.]+) ([^,]+),.*/\1 \2|\3|\4/' "$out" |
+  sort -t'|' -k1,1 -s |
+  awk -F'|' '
+    function report() {
+      if (n == 0) return
+      for (i = 2; i <= n; i++) {   # insertion sort: mawk has no asort
+        x = v[i]
+        for (j = i - 1; j > 0 && v[j] > x; j--) v[j + 1] = v[j]
+        v[j + 1] = x
+      }
+      med = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+      far = (v[n] / med > med / v[1]) ? v[n] / med : med / v[1]
+      printf "%s | %.0f %s | %.0f | %.0f | %.2fx\n", key, med, unit, v[1], v[n], far
+    }
+    $1 != key { report(); key = $1; unit = $3; n = 0; delete v }
+    { v[++n] = $2 }
+    END { report() }'
