@@ -25,10 +25,10 @@
 //!   once, from its snapshot or live;
 //! - a `publish_async` into a full lossless stream, polled once and dropped
 //!   while the reader frees room: it delivered all or nothing, and holds no
-//!   room afterwards (every slot is back once the stream is drained). tokio's
-//!   semaphore is not instrumented under loom (tokio models itself only in
-//!   its own tests), so loom explores the mailbox's side of this race; the
-//!   permit's release on drop is tokio's;
+//!   room afterwards (every slot is back once the stream is drained); and
+//!   the room itself (`registry/room.rs`): a waiting publisher is always
+//!   woken by the slot freed for it, a publisher that does not wait never
+//!   takes it, and a waiter cancelled while a slot is freed loses none;
 //! - the worker pool: every delivery runs exactly once whether the queue has
 //!   room or the publisher runs the job itself, the close barrier sees
 //!   `inflight` reach zero (a missed wake-up would deadlock), and the workers
@@ -366,6 +366,66 @@ fn loom_cancelled_publish_async_holds_no_room() {
         let expected: Vec<u32> = if delivered { vec![0, 1] } else { vec![0] };
         assert_eq!(received, expected, "all or nothing");
         assert_eq!(stream.unreserved_room(), Some(1), "room left reserved");
+    });
+}
+
+/// A publisher waiting for room in a lossless mailbox is woken by the
+/// reader's give-back whatever the interleaving (loom reports a deadlock if
+/// the wake-up can be lost), while a second publisher tries to take room
+/// without waiting; no slot is made or lost. (That the one that does not
+/// wait never takes a slot a waiter is owed is `room.rs`'s unit test.)
+#[test]
+fn loom_a_waiting_publisher_gets_the_freed_slot() {
+    use crate::registry::room::{Room, Take};
+
+    model(|| {
+        let room = Arc::new(Room::new(1));
+        assert_eq!(room.try_take(), Take::Taken);
+        let waiter = {
+            let room = Arc::clone(&room);
+            thread::spawn(move || loom::future::block_on(room.take()))
+        };
+        let other = {
+            let room = Arc::clone(&room);
+            thread::spawn(move || room.try_take())
+        };
+        room.give_back();
+        if other.join().unwrap() == Take::Taken {
+            // It came before the waiter queued; its message is read.
+            room.give_back();
+        }
+        assert!(waiter.join().unwrap(), "the waiter got a slot");
+        assert_eq!(room.free(), 0, "one slot, held by the waiter");
+    });
+}
+
+/// A waiting publisher cancelled while the reader frees room: the slot
+/// ends up with nobody or back in the free count, never lost.
+#[test]
+fn loom_a_cancelled_waiter_loses_no_slot() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    use crate::registry::room::{Room, Take};
+
+    model(|| {
+        let room = Arc::new(Room::new(1));
+        assert_eq!(room.try_take(), Take::Taken);
+        let waiter = {
+            let room = Arc::clone(&room);
+            thread::spawn(move || {
+                let mut take = Box::pin(room.take());
+                let got = take.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+                drop(take);
+                if got == Poll::Ready(true) {
+                    room.give_back();
+                }
+            })
+        };
+        room.give_back();
+        waiter.join().unwrap();
+        assert_eq!(room.free(), 1, "the slot was lost");
+        assert_eq!(room.try_take(), Take::Taken, "nobody is left waiting");
     });
 }
 

@@ -18,7 +18,7 @@
 //!   dropped while waiting) it gives back whatever the push did not spend,
 //!   at once. Delivery after the last reservation is synchronous, so a
 //!   cancelled `publish_async` has delivered nothing and holds nothing.
-//! - Waiting publishers are served in order (tokio's semaphore is fair):
+//! - Waiting publishers are served in order (see `registry/room.rs`):
 //!   room a reader frees goes to the waiters first, so a publisher that
 //!   takes room without waiting never takes what a waiter is owed, and a
 //!   fast publisher cannot starve one that waits. A mailbox that closes (its

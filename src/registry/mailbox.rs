@@ -26,9 +26,8 @@ use std::any::Any;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tokio::sync::{Semaphore, TryAcquireError};
-
 use super::quiesce::Running;
+use super::room::{Room, Take};
 use crate::message::Message;
 use crate::stream_options::StreamOverflow;
 use crate::sync::queue::ArrayQueue;
@@ -58,12 +57,12 @@ pub(crate) struct Mailbox<T> {
     consumer: Option<Consumer>,
     overflow: StreamOverflow,
     /// `Backpressure` only: slots neither occupied nor reserved. A publisher
-    /// takes a permit per mailbox before it delivers (reserve, then
-    /// deliver); the permit is forgotten when its message is queued and
-    /// given back when the reader takes the message. Closing the semaphore
-    /// releases waiting publishers when the mailbox closes. tokio's
-    /// semaphore serves waiters in order, so no publisher starves another.
-    room: Option<Arc<Semaphore>>,
+    /// takes a slot per mailbox before it delivers (reserve, then deliver);
+    /// the slot is occupied when its message is queued and given back when
+    /// the reader takes the message. Closing the room releases waiting
+    /// publishers when the mailbox closes. It serves waiters in order, so
+    /// no publisher starves another (see `room.rs`).
+    room: Option<Room>,
     /// Set when a push did not fit under `Disconnect`.
     disconnected: AtomicBool,
     queue: ArrayQueue<Arc<Message<T>>>,
@@ -108,8 +107,7 @@ impl<T> Mailbox<T> {
         Self {
             consumer,
             overflow,
-            room: (overflow == StreamOverflow::Backpressure)
-                .then(|| Arc::new(Semaphore::new(capacity))),
+            room: (overflow == StreamOverflow::Backpressure).then(|| Room::new(capacity)),
             disconnected: AtomicBool::new(false),
             queue: ArrayQueue::new(capacity),
             waker: WakerSlot::new(),
@@ -248,7 +246,7 @@ impl<T> Mailbox<T> {
     /// Room neither occupied nor reserved (`Backpressure` only).
     #[cfg(all(test, loom))]
     pub(crate) fn unreserved_room(&self) -> Option<usize> {
-        self.room.as_ref().map(|room| room.available_permits())
+        self.room.as_ref().map(Room::free)
     }
 
     /// Takes one slot of room now, without waiting (`Backpressure` only).
@@ -259,13 +257,10 @@ impl<T> Mailbox<T> {
         let Some(room) = &self.room else {
             return Reserve::Closed;
         };
-        match room.try_acquire() {
-            Ok(permit) => {
-                permit.forget();
-                Reserve::Taken
-            }
-            Err(TryAcquireError::NoPermits) => Reserve::Full,
-            Err(TryAcquireError::Closed) => Reserve::Closed,
+        match room.try_take() {
+            Take::Taken => Reserve::Taken,
+            Take::Full => Reserve::Full,
+            Take::Closed => Reserve::Closed,
         }
     }
 
@@ -276,22 +271,16 @@ impl<T> Mailbox<T> {
         let Some(room) = &self.room else {
             return false;
         };
-        match room.acquire().await {
-            Ok(permit) => {
-                // Taken and forgotten in the same poll: the caller records
-                // it before it can be cancelled.
-                permit.forget();
-                true
-            }
-            Err(_closed) => false,
-        }
+        // Ready with a slot in the same poll that the caller records it,
+        // so there is no point where a cancel could lose it.
+        room.take().await
     }
 
     /// Gives back a slot taken by [`Self::try_reserve`] or [`Self::reserve`]
     /// and not spent.
     pub(crate) fn unreserve(&self) {
         if let Some(room) = &self.room {
-            room.add_permits(1);
+            room.give_back();
         }
     }
 
@@ -304,7 +293,7 @@ impl<T> Mailbox<T> {
     fn pop(&self) -> Option<Arc<Message<T>>> {
         let message = self.queue.pop()?;
         if let Some(room) = &self.room {
-            room.add_permits(1);
+            room.give_back();
         }
         Some(message)
     }

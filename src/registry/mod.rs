@@ -39,6 +39,7 @@ pub(crate) mod entry;
 pub(crate) mod mailbox;
 pub(crate) mod ordered_log;
 pub(crate) mod quiesce;
+pub(crate) mod room;
 pub(crate) mod route;
 pub(crate) mod subset;
 pub(crate) mod trie;

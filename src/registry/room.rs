@@ -1,0 +1,392 @@
+//! [`Room`]: the free slots of a lossless mailbox, taken by publishers and
+//! given back by its reader, with a queue of publishers waiting for one.
+//!
+//! # Contract
+//! - [`Room::try_take`] takes a slot now if one is free **and nobody
+//!   waits**: room goes to waiters first, so a publisher that does not wait
+//!   never takes a slot a waiting one is owed. One compare-and-swap.
+//! - [`Room::give_back`] frees a slot: it goes to the longest-waiting
+//!   publisher if there is one (which is woken holding it), else it is
+//!   counted free. One compare-and-swap when nobody waits, which is the
+//!   reader's common case: a mailbox read as fast as it is written never
+//!   has a waiter.
+//! - [`Room::take`] waits in arrival order (first come, first served, so a
+//!   fast publisher cannot starve a slower one). Cancel-safe: dropped while
+//!   waiting it holds nothing; a slot handed to it that it did not collect
+//!   goes on to the next waiter, or back to the free count.
+//! - [`Room::close`] wakes every waiter (they get `false`) and makes
+//!   [`Room::try_take`] report `Closed`. A slot already handed to a waiter
+//!   stays with it.
+//!
+//! It replaces tokio's semaphore, whose release takes its waiter lock even
+//! when nobody waits: three read-modify-writes per message read instead of
+//! one. The waiter lock is taken here only when somebody waits, and never
+//! while a waker runs.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use smallvec::SmallVec;
+
+use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering};
+
+/// `state` bit: closed.
+const CLOSED: usize = 1;
+/// `state` bit: some publisher waits (set and cleared under the waiter
+/// lock; while set, no slot is counted free: freed ones go to waiters).
+const WAITING: usize = 2;
+/// One free slot in `state` (the count sits above the two flags).
+const ONE: usize = 4;
+
+/// What [`Room::try_take`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Take {
+    Taken,
+    /// No free slot, or publishers wait for one.
+    Full,
+    Closed,
+}
+
+pub(crate) struct Room {
+    /// Free slots times [`ONE`], plus the [`WAITING`] and [`CLOSED`] bits.
+    state: AtomicUsize,
+    waiters: Mutex<Waiters>,
+}
+
+#[derive(Default)]
+struct Waiters {
+    /// Waiting publishers in arrival order: their ticket and waker.
+    queue: VecDeque<(u64, Waker)>,
+    /// Tickets handed a slot, not yet collected by their waiter.
+    granted: SmallVec<[u64; 2]>,
+    next_ticket: u64,
+}
+
+impl Room {
+    pub(crate) fn new(slots: usize) -> Self {
+        Self {
+            state: AtomicUsize::new(slots * ONE),
+            waiters: Mutex::new(Waiters::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Waiters> {
+        // Nothing here panics while holding it; a poisoned lock still
+        // holds consistent state.
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes a free slot now, unless publishers wait for one.
+    #[inline]
+    pub(crate) fn try_take(&self) -> Take {
+        let mut state = self.state.load(Ordering::Acquire);
+        loop {
+            if state & CLOSED != 0 {
+                return Take::Closed;
+            }
+            if state & WAITING != 0 || state < ONE {
+                return Take::Full;
+            }
+            match self.state.compare_exchange_weak(
+                state,
+                state - ONE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Take::Taken,
+                Err(now) => state = now,
+            }
+        }
+    }
+
+    /// A slot is free again: to the first waiter, else counted free.
+    #[inline]
+    pub(crate) fn give_back(&self) {
+        let mut state = self.state.load(Ordering::Acquire);
+        while state & WAITING == 0 {
+            match self.state.compare_exchange_weak(
+                state,
+                state + ONE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(now) => state = now,
+            }
+        }
+        let mut waiters = self.lock();
+        let woken = self.hand_over(&mut waiters);
+        drop(waiters);
+        if let Some(waker) = woken {
+            waker.wake();
+        }
+    }
+
+    /// Under the waiter lock: gives one slot to the first waiter (returns
+    /// its waker, to wake once the lock is released), or counts it free.
+    fn hand_over(&self, waiters: &mut Waiters) -> Option<Waker> {
+        let Some((ticket, waker)) = waiters.queue.pop_front() else {
+            // The last waiter left since the caller saw the flag.
+            self.state.fetch_add(ONE, Ordering::AcqRel);
+            return None;
+        };
+        waiters.granted.push(ticket);
+        if waiters.queue.is_empty() {
+            self.state.fetch_and(!WAITING, Ordering::AcqRel);
+        }
+        Some(waker)
+    }
+
+    /// Waits for a slot; `false` if the room closed instead. See the
+    /// module docs for cancelling.
+    pub(crate) fn take(&self) -> TakeSlot<'_> {
+        TakeSlot {
+            room: self,
+            ticket: None,
+        }
+    }
+
+    /// Wakes every waiter (they give up) and refuses every later take.
+    pub(crate) fn close(&self) {
+        self.state.fetch_or(CLOSED, Ordering::AcqRel);
+        let wakers: Vec<Waker> = {
+            let waiters = self.lock();
+            waiters
+                .queue
+                .iter()
+                .map(|(_, waker)| waker.clone())
+                .collect()
+        };
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+
+    /// Slots neither occupied nor reserved.
+    #[cfg(all(test, loom))]
+    pub(crate) fn free(&self) -> usize {
+        self.state.load(Ordering::Acquire) / ONE
+    }
+}
+
+/// The future of [`Room::take`].
+pub(crate) struct TakeSlot<'a> {
+    room: &'a Room,
+    /// Set while it waits in the queue (or holds an uncollected slot).
+    ticket: Option<u64>,
+}
+
+impl TakeSlot<'_> {
+    /// First poll: takes a free slot if nobody waits, else joins the queue.
+    fn arrive(&mut self, waiters: &mut Waiters, waker: &Waker) -> Poll<bool> {
+        let state = &self.room.state;
+        let mut now = state.load(Ordering::Acquire);
+        loop {
+            if now & CLOSED != 0 {
+                return Poll::Ready(false);
+            }
+            let (next, taking) = if now & WAITING == 0 && now >= ONE {
+                (now - ONE, true)
+            } else {
+                // Setting the flag in the same step as seeing no free slot:
+                // a reader that frees one after this hands it to the queue.
+                (now | WAITING, false)
+            };
+            match state.compare_exchange_weak(now, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) if taking => return Poll::Ready(true),
+                Ok(_) => break,
+                Err(seen) => now = seen,
+            }
+        }
+        let ticket = waiters.next_ticket;
+        waiters.next_ticket += 1;
+        waiters.queue.push_back((ticket, waker.clone()));
+        self.ticket = Some(ticket);
+        Poll::Pending
+    }
+
+    /// Leaves the queue; if it was granted a slot, returns whether so.
+    fn leave(&mut self, waiters: &mut Waiters) -> bool {
+        let Some(ticket) = self.ticket.take() else {
+            return false;
+        };
+        if let Some(index) = waiters.granted.iter().position(|&t| t == ticket) {
+            waiters.granted.swap_remove(index);
+            return true;
+        }
+        if let Some(index) = waiters.queue.iter().position(|&(t, _)| t == ticket) {
+            waiters.queue.remove(index);
+            if waiters.queue.is_empty() {
+                self.room.state.fetch_and(!WAITING, Ordering::AcqRel);
+            }
+        }
+        false
+    }
+}
+
+impl Future for TakeSlot<'_> {
+    type Output = bool;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        let this = self.get_mut();
+        let room = this.room;
+        let mut waiters = room.lock();
+        let Some(ticket) = this.ticket else {
+            return this.arrive(&mut waiters, cx.waker());
+        };
+        if waiters.granted.contains(&ticket) || room.state.load(Ordering::Acquire) & CLOSED != 0 {
+            // Granted: collect it. Closed: give up (unless granted first).
+            return Poll::Ready(this.leave(&mut waiters));
+        }
+        if let Some((_, waker)) = waiters.queue.iter_mut().find(|(t, _)| *t == ticket) {
+            waker.clone_from(cx.waker());
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for TakeSlot<'_> {
+    fn drop(&mut self) {
+        if self.ticket.is_none() {
+            return;
+        }
+        let room = self.room;
+        let mut waiters = room.lock();
+        if !self.leave(&mut waiters) {
+            return;
+        }
+        // Handed a slot it never collected: on to the next waiter.
+        let woken = room.hand_over(&mut waiters);
+        drop(waiters);
+        if let Some(waker) = woken {
+            waker.wake();
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    use super::{Room, Take};
+
+    /// Counts its wakes.
+    struct Counting(AtomicUsize);
+
+    impl Wake for Counting {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn waker() -> (Arc<Counting>, Waker) {
+        let counting = Arc::new(Counting(AtomicUsize::new(0)));
+        (Arc::clone(&counting), Waker::from(counting))
+    }
+
+    #[test]
+    fn slots_are_taken_and_given_back_without_waiting() {
+        let room = Room::new(2);
+        assert_eq!(room.try_take(), Take::Taken);
+        assert_eq!(room.try_take(), Take::Taken);
+        assert_eq!(room.try_take(), Take::Full);
+        room.give_back();
+        assert_eq!(room.try_take(), Take::Taken);
+        room.close();
+        assert_eq!(room.try_take(), Take::Closed);
+    }
+
+    /// Room freed while publishers wait goes to them in arrival order, not
+    /// to a publisher that comes without waiting.
+    #[test]
+    fn freed_room_goes_to_waiters_first_in_order() {
+        let room = Room::new(1);
+        assert_eq!(room.try_take(), Take::Taken);
+        let (first_wakes, first_waker) = waker();
+        let (_, second_waker) = waker();
+        let mut first = pin!(room.take());
+        let mut second = pin!(room.take());
+        let mut cx1 = Context::from_waker(&first_waker);
+        let mut cx2 = Context::from_waker(&second_waker);
+        assert_eq!(first.as_mut().poll(&mut cx1), Poll::Pending);
+        assert_eq!(second.as_mut().poll(&mut cx2), Poll::Pending);
+        room.give_back();
+        assert_eq!(
+            first_wakes.0.load(Ordering::SeqCst),
+            1,
+            "the first is woken"
+        );
+        assert_eq!(room.try_take(), Take::Full, "a waiter is still owed room");
+        assert_eq!(second.as_mut().poll(&mut cx2), Poll::Pending);
+        assert_eq!(first.as_mut().poll(&mut cx1), Poll::Ready(true));
+        room.give_back();
+        assert_eq!(second.as_mut().poll(&mut cx2), Poll::Ready(true));
+        room.give_back();
+        assert_eq!(room.try_take(), Take::Taken, "nobody waits any more");
+    }
+
+    /// A waiter dropped after it was handed a slot passes the slot on.
+    #[test]
+    fn a_cancelled_waiter_passes_its_slot_on() {
+        let room = Room::new(1);
+        assert_eq!(room.try_take(), Take::Taken);
+        let (_, w1) = waker();
+        let (second_wakes, w2) = waker();
+        let mut second = Box::pin(room.take());
+        {
+            let mut first = Box::pin(room.take());
+            assert!(first
+                .as_mut()
+                .poll(&mut Context::from_waker(&w1))
+                .is_pending());
+            assert!(second
+                .as_mut()
+                .poll(&mut Context::from_waker(&w2))
+                .is_pending());
+            room.give_back();
+        }
+        assert_eq!(second_wakes.0.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            second.as_mut().poll(&mut Context::from_waker(&w2)),
+            Poll::Ready(true)
+        );
+        drop(second);
+        room.give_back();
+        assert_eq!(room.try_take(), Take::Taken, "the slot came back free");
+    }
+
+    /// A waiter dropped before room came leaves nothing behind.
+    #[test]
+    fn a_waiter_dropped_while_waiting_holds_nothing() {
+        let room = Room::new(1);
+        assert_eq!(room.try_take(), Take::Taken);
+        let (_, w) = waker();
+        let mut waiting = Box::pin(room.take());
+        assert!(waiting
+            .as_mut()
+            .poll(&mut Context::from_waker(&w))
+            .is_pending());
+        drop(waiting);
+        room.give_back();
+        assert_eq!(room.try_take(), Take::Taken);
+    }
+
+    #[test]
+    fn closing_releases_waiters_with_false() {
+        let room = Room::new(1);
+        assert_eq!(room.try_take(), Take::Taken);
+        let (wakes, w) = waker();
+        let mut waiting = Box::pin(room.take());
+        let mut cx = Context::from_waker(&w);
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        room.close();
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
+        assert_eq!(waiting.as_mut().poll(&mut cx), Poll::Ready(false));
+    }
+}
