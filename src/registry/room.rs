@@ -17,6 +17,8 @@
 //! - [`Room::close`] wakes every waiter (they get `false`) and makes
 //!   [`Room::try_take`] report `Closed`. A slot already handed to a waiter
 //!   stays with it.
+//! - A waker belongs to the publisher's executor: none is cloned, woken or
+//!   dropped while the waiter lock is held.
 //!
 //! It replaces tokio's semaphore, whose release takes its waiter lock even
 //! when nobody waits: three read-modify-writes per message read instead of
@@ -151,15 +153,12 @@ impl Room {
     /// Wakes every waiter (they give up) and refuses every later take.
     pub(crate) fn close(&self) {
         self.state.fetch_or(CLOSED, Ordering::AcqRel);
-        let wakers: Vec<Waker> = {
-            let waiters = self.lock();
-            waiters
-                .queue
-                .iter()
-                .map(|(_, waker)| waker.clone())
-                .collect()
+        let queue = {
+            let mut waiters = self.lock();
+            self.state.fetch_and(!WAITING, Ordering::AcqRel);
+            std::mem::take(&mut waiters.queue)
         };
-        for waker in wakers {
+        for (_, waker) in queue {
             waker.wake();
         }
     }
@@ -179,13 +178,14 @@ pub(crate) struct TakeSlot<'a> {
 }
 
 impl TakeSlot<'_> {
-    /// First poll: takes a free slot if nobody waits, else joins the queue.
-    fn arrive(&mut self, waiters: &mut Waiters, waker: &Waker) -> Poll<bool> {
+    /// First poll: takes a free slot if nobody waits, else joins the queue
+    /// with `waker` (handed back when it did not join).
+    fn arrive(&mut self, waiters: &mut Waiters, waker: Waker) -> (Poll<bool>, Option<Waker>) {
         let state = &self.room.state;
         let mut now = state.load(Ordering::Acquire);
         loop {
             if now & CLOSED != 0 {
-                return Poll::Ready(false);
+                return (Poll::Ready(false), Some(waker));
             }
             let (next, taking) = if now & WAITING == 0 && now >= ONE {
                 (now - ONE, true)
@@ -195,34 +195,35 @@ impl TakeSlot<'_> {
                 (now | WAITING, false)
             };
             match state.compare_exchange_weak(now, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) if taking => return Poll::Ready(true),
+                Ok(_) if taking => return (Poll::Ready(true), Some(waker)),
                 Ok(_) => break,
                 Err(seen) => now = seen,
             }
         }
         let ticket = waiters.next_ticket;
         waiters.next_ticket += 1;
-        waiters.queue.push_back((ticket, waker.clone()));
+        waiters.queue.push_back((ticket, waker));
         self.ticket = Some(ticket);
-        Poll::Pending
+        (Poll::Pending, None)
     }
 
-    /// Leaves the queue; if it was granted a slot, returns whether so.
-    fn leave(&mut self, waiters: &mut Waiters) -> bool {
+    /// Leaves the queue: whether it had been handed a slot, and its waker
+    /// if it was still queued (for the caller to drop after unlocking).
+    fn leave(&mut self, waiters: &mut Waiters) -> (bool, Option<Waker>) {
         let Some(ticket) = self.ticket.take() else {
-            return false;
+            return (false, None);
         };
         if let Some(index) = waiters.granted.iter().position(|&t| t == ticket) {
             waiters.granted.swap_remove(index);
-            return true;
+            return (true, None);
         }
-        if let Some(index) = waiters.queue.iter().position(|&(t, _)| t == ticket) {
-            waiters.queue.remove(index);
-            if waiters.queue.is_empty() {
-                self.room.state.fetch_and(!WAITING, Ordering::AcqRel);
-            }
+        // Not queued any more if closing emptied the queue.
+        let index = waiters.queue.iter().position(|&(t, _)| t == ticket);
+        let left = index.and_then(|index| waiters.queue.remove(index));
+        if left.is_some() && waiters.queue.is_empty() {
+            self.room.state.fetch_and(!WAITING, Ordering::AcqRel);
         }
-        false
+        (false, left.map(|(_, waker)| waker))
     }
 }
 
@@ -232,17 +233,26 @@ impl Future for TakeSlot<'_> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
         let this = self.get_mut();
         let room = this.room;
+        // Cloned before locking; a waker left over is dropped after
+        // unlocking (the `_left` bindings live past `drop(waiters)`).
+        let waker = cx.waker().clone();
         let mut waiters = room.lock();
         let Some(ticket) = this.ticket else {
-            return this.arrive(&mut waiters, cx.waker());
+            let (poll, _left) = this.arrive(&mut waiters, waker);
+            drop(waiters);
+            return poll;
         };
         if waiters.granted.contains(&ticket) || room.state.load(Ordering::Acquire) & CLOSED != 0 {
             // Granted: collect it. Closed: give up (unless granted first).
-            return Poll::Ready(this.leave(&mut waiters));
+            let (granted, _left) = this.leave(&mut waiters);
+            drop(waiters);
+            return Poll::Ready(granted);
         }
-        if let Some((_, waker)) = waiters.queue.iter_mut().find(|(t, _)| *t == ticket) {
-            waker.clone_from(cx.waker());
-        }
+        let _left = match waiters.queue.iter_mut().find(|(t, _)| *t == ticket) {
+            Some((_, queued)) => std::mem::replace(queued, waker),
+            None => waker,
+        };
+        drop(waiters);
         Poll::Pending
     }
 }
@@ -254,11 +264,13 @@ impl Drop for TakeSlot<'_> {
         }
         let room = self.room;
         let mut waiters = room.lock();
-        if !self.leave(&mut waiters) {
-            return;
-        }
+        let (granted, _left) = self.leave(&mut waiters);
         // Handed a slot it never collected: on to the next waiter.
-        let woken = room.hand_over(&mut waiters);
+        let woken = if granted {
+            room.hand_over(&mut waiters)
+        } else {
+            None
+        };
         drop(waiters);
         if let Some(waker) = woken {
             waker.wake();
