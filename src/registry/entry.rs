@@ -11,9 +11,11 @@
 //! - One allocation per subscription holds the flag, the id and the user's
 //!   closure, so a delivery is one pointer read, one flag load and one
 //!   indirect call, and consecutive subscriptions' entries sit next to each
-//!   other in memory. The entry is kept small (40 bytes for a closure
-//!   holding one `Arc`) because a fan-out walks thousands of them; the filter
-//!   string and the way back to the trie live in the user's handle.
+//!   other in memory. The entry is kept small because a fan-out walks
+//!   thousands of them and its cost follows the cache lines it touches: the
+//!   id and the flag share one word, so a closure holding two `Arc`s makes
+//!   a 40-byte entry (a 48-byte heap chunk; with a word each, 64). The
+//!   filter string and the way back to the trie live in the user's handle.
 //! - The entry knows nothing of the trie: handles reach it through
 //!   [`EntryControl`], and the trie through [`Registry`](super::Registry).
 
@@ -25,7 +27,10 @@ use super::mailbox::Mailbox;
 use super::quiesce::Running;
 use crate::handler::Handler;
 use crate::message::Message;
-use crate::sync::{AtomicBool, Ordering};
+use crate::sync::{AtomicU64, Ordering};
+
+/// The low bit of [`Subscriber`]'s state: set while it is subscribed.
+const ACTIVE: u64 = 1;
 
 /// A delivery's future, when a handler is async.
 pub(crate) type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -111,17 +116,19 @@ pub(crate) trait Tracked {
 /// the line a delivery touches.
 #[repr(C)]
 pub(crate) struct Subscriber<T, S: ?Sized> {
-    id: u64,
-    active: AtomicBool,
+    /// The id shifted left by one, with [`ACTIVE`] as the low bit: one word
+    /// instead of two keeps a closure holding two `Arc`s in a 48-byte heap
+    /// chunk instead of 64, so a fan-out walks a third less memory.
+    state: AtomicU64,
     _message: std::marker::PhantomData<fn(&T)>,
     pub(crate) sink: S,
 }
 
 impl<T, S> Subscriber<T, S> {
     pub(crate) fn new(id: u64, sink: S) -> Self {
+        debug_assert!(id < 1 << 63, "ids are counted from zero");
         Self {
-            id,
-            active: AtomicBool::new(true),
+            state: AtomicU64::new(id << 1 | ACTIVE),
             _message: std::marker::PhantomData,
             sink,
         }
@@ -130,12 +137,12 @@ impl<T, S> Subscriber<T, S> {
 
 impl<T, S: ?Sized> Subscriber<T, S> {
     pub(crate) fn id(&self) -> u64 {
-        self.id
+        self.state.load(Ordering::Relaxed) >> 1
     }
 
     #[inline]
     pub(crate) fn is_active(&self) -> bool {
-        self.active.load(Ordering::Acquire)
+        self.state.load(Ordering::Acquire) & ACTIVE != 0
     }
 
     /// Stops all deliveries that have not started yet. Returns whether this
@@ -143,7 +150,7 @@ impl<T, S: ?Sized> Subscriber<T, S> {
     pub(crate) fn deactivate(&self) -> bool {
         // SeqCst: a grace period (see `quiesce.rs`) relies on this clear
         // being ordered before its epoch flip.
-        self.active.swap(false, Ordering::SeqCst)
+        self.state.fetch_and(!ACTIVE, Ordering::SeqCst) & ACTIVE != 0
     }
 }
 
@@ -168,7 +175,7 @@ pub(crate) trait EntryControl: Send + Sync {
 
 impl<T, S: Tracked + Send + Sync> EntryControl for Subscriber<T, S> {
     fn id(&self) -> u64 {
-        self.id
+        Subscriber::id(self)
     }
 
     fn deactivate(&self) -> bool {
