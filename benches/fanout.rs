@@ -237,6 +237,7 @@ fn service_shared_counter() -> Vec<ServiceRow> {
     let (repetitions, publishes) = service_sizes();
     let rt = runtime();
     let raw = service::raw_shared_counter(SUBSCRIBERS);
+    let raw_entry_sized = service::raw_shared_counter_entry_sized(SUBSCRIBERS);
     let mut setups: Vec<_> = SETUPS[..3]
         .iter()
         .map(|setup| {
@@ -245,40 +246,47 @@ fn service_shared_counter() -> Vec<ServiceRow> {
             (setup.name, bus, vec![workload], Vec::new())
         })
         .collect();
-    let mut raw_samples = Vec::new();
+    let (mut raw_samples, mut raw_entry_sized_samples) = (Vec::new(), Vec::new());
     // A warm-up burst each, untimed.
     service::raw_burst(&rt, &raw, publishes);
+    service::raw_burst(&rt, &raw_entry_sized, publishes);
     for (_, bus, workloads, _) in &mut setups {
         service::burst(&rt, bus, workloads, publishes);
     }
     for _ in 0..repetitions {
         let raw_time = service::raw_burst(&rt, &raw, publishes);
         raw_samples.push(raw_time.as_nanos() as f64 / publishes as f64);
+        let raw_time = service::raw_burst(&rt, &raw_entry_sized, publishes);
+        raw_entry_sized_samples.push(raw_time.as_nanos() as f64 / publishes as f64);
         for (_, bus, workloads, samples) in &mut setups {
             let time = service::burst(&rt, bus, workloads, publishes);
             samples.push(time.as_nanos() as f64 / publishes as f64);
         }
     }
-    std::iter::once(("raw_loop", raw_samples))
-        .chain(
-            setups
-                .into_iter()
-                .map(|(name, _, _, samples)| (name, samples)),
-        )
-        .map(|(name, samples)| {
-            let (median, fastest, slowest) = service::spread(&samples);
-            println!(
-                "service, shared counter {name:>20}: median {median:.0} ns/publish, \
+    [
+        ("raw_loop", raw_samples),
+        ("raw_loop_entry_sized", raw_entry_sized_samples),
+    ]
+    .into_iter()
+    .chain(
+        setups
+            .into_iter()
+            .map(|(name, _, _, samples)| (name, samples)),
+    )
+    .map(|(name, samples)| {
+        let (median, fastest, slowest) = service::spread(&samples);
+        println!(
+            "service, shared counter {name:>20}: median {median:.0} ns/publish, \
                  repetitions {fastest:.0}–{slowest:.0}"
-            );
-            ServiceRow {
-                setup: name.to_owned(),
-                median,
-                fastest,
-                slowest,
-            }
-        })
-        .collect()
+        );
+        ServiceRow {
+            setup: name.to_owned(),
+            median,
+            fastest,
+            slowest,
+        }
+    })
+    .collect()
 }
 
 /// Shape 2: 500 handlers per topic, each on a counter of its own; one or
@@ -440,7 +448,10 @@ fn write_report(
     service_times.note = "The publisher is a task on a 2-worker tokio runtime; bursts of 10,000 \
                           publishes, timed until every handler ran (the bench's thread parks \
                           meanwhile); 5 repetitions alternating between setups. `raw_loop` is \
-                          the same closures called in a loop by a task."
+                          the same closures called in a loop by a task; `raw_loop_entry_sized` \
+                          pads each closure to the size of a subscription's entry (a 48-byte \
+                          heap chunk instead of 32): what the same loop costs when it walks \
+                          about the memory the bus walks."
         .into();
     for row in shared {
         service_times.row(vec![
