@@ -223,22 +223,29 @@ pub fn raw_burst(
         .expect("raw loop task")
 }
 
-/// Closures doing what [`shared_counter`]'s handlers do, for the raw loop
-/// (their completion check included; it never fires).
-pub fn raw_shared_counter(subscribers: usize) -> RawClosures {
+/// A raw loop's closures on one shared counter and one completion: `make`
+/// turns the two into one closure per subscriber.
+fn raw_closures(
+    subscribers: usize,
+    make: impl Fn(Arc<CachePadded<AtomicU64>>, Arc<Completion>) -> Box<dyn Fn(&u64) + Send + Sync>,
+) -> RawClosures {
     let completion = Completion::new(1);
     let counter = Arc::new(CachePadded::new(AtomicU64::new(0)));
     Arc::new(
         (0..subscribers)
-            .map(|_| {
-                let counter = Arc::clone(&counter);
-                let completion = Arc::clone(&completion);
-                Box::new(move |_: &u64| {
-                    completion.counted(counter.fetch_add(1, Ordering::Relaxed) + 1);
-                }) as Box<dyn Fn(&u64) + Send + Sync>
-            })
+            .map(|_| make(Arc::clone(&counter), Arc::clone(&completion)))
             .collect(),
     )
+}
+
+/// Closures doing what [`shared_counter`]'s handlers do, for the raw loop
+/// (their completion check included; it never fires).
+pub fn raw_shared_counter(subscribers: usize) -> RawClosures {
+    raw_closures(subscribers, |counter, completion| {
+        Box::new(move |_: &u64| {
+            completion.counted(counter.fetch_add(1, Ordering::Relaxed) + 1);
+        })
+    })
 }
 
 /// [`raw_shared_counter`]'s closures, each padded to the size of a
@@ -249,21 +256,13 @@ pub fn raw_shared_counter(subscribers: usize) -> RawClosures {
 /// walks 72 (a 24-byte slot and the entry). Set beside the raw loop, it
 /// shows how much of the bus's cost is that memory rather than dispatch.
 pub fn raw_shared_counter_entry_sized(subscribers: usize) -> RawClosures {
-    let completion = Completion::new(1);
-    let counter = Arc::new(CachePadded::new(AtomicU64::new(0)));
-    Arc::new(
-        (0..subscribers)
-            .map(|_| {
-                let counter = Arc::clone(&counter);
-                let completion = Arc::clone(&completion);
-                let padding = [0u64; 3];
-                Box::new(move |_: &u64| {
-                    black_box(&padding);
-                    completion.counted(counter.fetch_add(1, Ordering::Relaxed) + 1);
-                }) as Box<dyn Fn(&u64) + Send + Sync>
-            })
-            .collect(),
-    )
+    raw_closures(subscribers, |counter, completion| {
+        let padding = [0u64; 3];
+        Box::new(move |_: &u64| {
+            black_box(&padding);
+            completion.counted(counter.fetch_add(1, Ordering::Relaxed) + 1);
+        })
+    })
 }
 
 /// Median, fastest and slowest of `samples`.
