@@ -485,3 +485,58 @@ fn loom_ordered_sink_runs_each_message_once_in_order() {
         assert_eq!(*seen.lock().unwrap(), expected);
     });
 }
+
+/// A worker's batch of two messages and another publisher's single
+/// delivery reach the same ordered subscription at once: each message runs
+/// exactly once, in log order, never two calls at a time.
+#[test]
+fn loom_ordered_batch_and_single_delivery_run_each_message_once_in_order() {
+    use crate::dispatch::OrderedSink;
+    use crate::registry::entry::{Settled, Sink};
+    use crate::registry::ordered_log::OrderedLog;
+    use crate::sync::{AtomicBool, Mutex, Ordering};
+
+    model(|| {
+        let log = Arc::new(OrderedLog::<u32>::new(4));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let inside = Arc::new(AtomicBool::new(false));
+        let sink = {
+            let (seen, inside) = (Arc::clone(&seen), Arc::clone(&inside));
+            Arc::new(OrderedSink::new(
+                move |m: &Message<u32>| {
+                    assert!(!inside.swap(true, Ordering::SeqCst), "calls overlapped");
+                    seen.lock().unwrap().push(*m.data());
+                    inside.store(false, Ordering::SeqCst);
+                },
+                1,
+            ))
+        };
+        sink.attach(Arc::clone(&log));
+        let other = {
+            let (sink, log) = (Arc::clone(&sink), Arc::clone(&log));
+            thread::spawn(move || {
+                let message = Arc::new(Message::new("t", 2));
+                let position = log.append(&message);
+                let mut settled = Settled::default();
+                assert!(sink.deliver_at(&message, position, &mut settled).is_none());
+                let ran = if settled.deliveries == 0 {
+                    1
+                } else {
+                    settled.delivered
+                };
+                (position, ran)
+            })
+        };
+        let messages: Vec<_> = (0..2).map(|v| Arc::new(Message::new("t", v))).collect();
+        let positions: Vec<_> = messages.iter().map(|m| log.append(m)).collect();
+        let batch: Vec<_> = messages.iter().zip(positions.iter().copied()).collect();
+        let mut settled = Settled::default();
+        assert!(sink.deliver_batch(&batch, &mut settled));
+        assert_eq!(settled.deliveries, 2);
+        let (theirs, ran_there) = other.join().unwrap();
+        assert_eq!(settled.delivered + ran_there, 3, "each message ran once");
+        let mut expected = vec![0, 1];
+        expected.insert(theirs as usize, 2);
+        assert_eq!(*seen.lock().unwrap(), expected, "in log order");
+    });
+}

@@ -10,6 +10,14 @@
 //!   their own then moved it between the cores on most deliveries, which
 //!   made two workers slower than one (see `docs/design-notes.md`, "Where a
 //!   subscription runs").
+//! - A worker that takes a chunk ticket also takes the same chunk of the
+//!   publishes queued right behind it on its own queue, up to
+//!   [`MAX_BATCH`] while they reach the same subscriptions (a burst to one
+//!   topic), and runs them subscription by subscription
+//!   ([`Fanout::run_chunk_batch`]): the entries are walked once per batch,
+//!   and an ordered subscription takes its messages of the batch in one
+//!   turn as its runner instead of one turn each. Only what is already
+//!   queued is batched, so a lone publish waits for nothing.
 //! - Other runners (below the threshold, or `Batch::Single`) go to the
 //!   queues in turn.
 //! - A runner that wants a helper (units left, room for one more runner)
@@ -44,6 +52,7 @@ use crate::stats::Tally;
 use crate::sync::channel::{self, Receiver, Sender, TrySendError};
 use crate::sync::{thread, AtomicBool, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crossbeam_utils::CachePadded;
+use smallvec::SmallVec;
 
 pub(crate) enum Ticket<T> {
     /// A runner claiming from the job's shared cursor.
@@ -305,8 +314,13 @@ impl<T> Drop for Pool<T> {
     }
 }
 
+/// The most chunk tickets a worker runs as one batch.
+pub(crate) const MAX_BATCH: usize = 8;
+
 fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<Env>) {
-    while let Some(ticket) = next_ticket(me, shared) {
+    // A ticket taken while gathering a batch that did not fit it.
+    let mut stash = None;
+    while let Some(ticket) = stash.take().or_else(|| next_ticket(me, shared)) {
         let (job, chunk) = match ticket {
             Ticket::Run(job) => (job, None),
             Ticket::Chunk(job, chunk) => (job, Some(chunk)),
@@ -320,11 +334,50 @@ fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<
         };
         let mut tally = Tally::default();
         match chunk {
-            Some(chunk) => job.run_chunk(env, &mut runner, &mut tally, chunk),
+            Some(chunk) => {
+                let more = gather_batch(me, shared, &job, chunk, &mut stash);
+                if more.is_empty() {
+                    job.run_chunk(env, &mut runner, &mut tally, chunk);
+                } else {
+                    let mut batch = SmallVec::<[Arc<Fanout<T>>; MAX_BATCH]>::new();
+                    batch.push(Arc::clone(&job));
+                    batch.extend(more);
+                    Fanout::run_chunk_batch(&batch, env, &mut runner, &mut tally, chunk);
+                }
+            }
             None => job.run(env, &mut runner, &mut tally),
         }
         env.counters.add(&tally);
     }
+}
+
+/// The tickets queued right behind chunk `chunk` of `job` on worker `me`'s
+/// own queue that are the same chunk of publishes with the same chunks (a
+/// burst to one topic), up to [`MAX_BATCH`] with `job`: run together, they
+/// walk the subscriptions once (see [`Fanout::run_chunk_batch`]). The first
+/// ticket that does not fit is left in `stash`. Only what is already queued
+/// is taken, so a lone publish runs as soon as it comes, as before.
+fn gather_batch<T: Send + Sync + 'static>(
+    me: usize,
+    shared: &Shared<T>,
+    job: &Fanout<T>,
+    chunk: usize,
+    stash: &mut Option<Ticket<T>>,
+) -> SmallVec<[Arc<Fanout<T>>; MAX_BATCH]> {
+    let mut more = SmallVec::new();
+    while more.len() + 1 < MAX_BATCH {
+        match shared.tickets[me].try_recv() {
+            Ok(Ticket::Chunk(next, c)) if c == chunk && job.same_chunks(&next) => more.push(next),
+            // A wake-up is no work, and this worker is awake.
+            Ok(Ticket::Wake) => shared.took(me, &Ticket::Wake),
+            Ok(other) => {
+                *stash = Some(other);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    more
 }
 
 /// The next ticket for worker `me`: its own queue first, then the others';

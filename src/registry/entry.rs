@@ -57,7 +57,13 @@ impl Settled {
     /// One delivery ran `outcome` instead of one message.
     #[inline]
     pub(crate) fn settle(&mut self, outcome: Outcome) {
-        self.deliveries += 1;
+        self.settle_many(1, outcome);
+    }
+
+    /// `deliveries` deliveries ran `outcome` between them.
+    #[inline]
+    pub(crate) fn settle_many(&mut self, deliveries: usize, outcome: Outcome) {
+        self.deliveries += deliveries as u64;
         self.delivered += u64::from(outcome.delivered);
         self.panics += u64::from(outcome.panics);
         self.dropped += u64::from(outcome.dropped);
@@ -90,6 +96,17 @@ pub(crate) trait Sink<T>: Send + Sync {
         _settled: &mut Settled,
     ) -> Option<BoxFuture> {
         self.deliver(message)
+    }
+
+    /// A batch of consecutive publishes' deliveries to this subscription
+    /// (one per job, in publish order, each with the message's position as
+    /// in [`Self::deliver_at`]), made as one: `false` if this sink takes
+    /// them one by one instead (the caller then does). A sink that takes
+    /// them settles each of them in `settled`. Called only for sync sinks,
+    /// after the subscription's flag was found set.
+    #[inline]
+    fn deliver_batch(&self, _batch: &[(&Arc<Message<T>>, u64)], _settled: &mut Settled) -> bool {
+        false
     }
 
     /// A publish's job could not run this delivery (its queue was full under
