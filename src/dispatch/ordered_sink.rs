@@ -40,7 +40,7 @@ use std::sync::{Arc, OnceLock};
 use super::report_panic;
 use crate::message::Message;
 use crate::registry::entry::{BoxFuture, Outcome, Settled, Sink, Tracked, NO_POSITION};
-use crate::registry::ordered_log::OrderedLog;
+use crate::registry::ordered_log::{OrderedLog, Read};
 use crate::registry::quiesce::Running;
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -203,7 +203,7 @@ where
         mut seen: usize,
     ) -> Outcome {
         let mut tally = Outcome::default();
-        let mut batch = Vec::new();
+        let mut read = Read::default();
         loop {
             let cursor = self.cursor.load(Ordering::Relaxed);
             match first.take() {
@@ -213,18 +213,20 @@ where
                 }
                 _ => {
                     if cursor < log.head() {
-                        let start = log.read(cursor, &mut batch);
+                        log.read(cursor, &mut read);
                         // Pushed out of the ring before this runner got to
                         // them (lost, unless the subscription left: skipped).
                         if self.active.load(Ordering::Acquire) {
-                            tally.dropped += u32::try_from(start - cursor).unwrap_or(u32::MAX);
+                            tally.dropped +=
+                                u32::try_from(read.start() - cursor).unwrap_or(u32::MAX);
                         }
-                        let mut next = start;
-                        for message in batch.drain(..) {
-                            tally.add(self.call_unless_pushed_out(log, next, &message, discarding));
-                            next += 1;
-                            self.cursor.store(next, Ordering::Release);
+                        for (position, message) in read.messages() {
+                            tally.add(
+                                self.call_unless_pushed_out(log, position, message, discarding),
+                            );
+                            self.cursor.store(position + 1, Ordering::Release);
                         }
+                        read.clear();
                     }
                 }
             }

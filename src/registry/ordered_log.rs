@@ -8,8 +8,12 @@
 //!   from 0 without gaps. Two publishers append in some order; each one's
 //!   own messages keep its publish order.
 //! - The log keeps the newest `capacity` messages (the bus's
-//!   `stream_capacity`). A subscription whose handler falls further behind
-//!   finds the older ones gone: it counts them dropped (its lag).
+//!   `stream_capacity`) readable. A subscription whose handler falls further
+//!   behind finds the older ones gone: it counts them dropped (its lag).
+//!   Messages sit in shared blocks of 32 positions, which a runner catching
+//!   up reads by reference (one `Arc` clone per block, not per message); a
+//!   block is let go once all of it is pushed out, so up to 31 messages
+//!   more than `capacity` stay allocated.
 //! - A message pushed out of the ring is dropped after the lock, so no user
 //!   `Drop` runs while the log is locked. Once no subscription reads the
 //!   log, the last one's entry lets go of what it kept (the node may live on
@@ -18,10 +22,13 @@
 //!   append; a reader that sees it can read every position below it.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::message::Message;
 use crate::sync::{AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
+
+/// Messages per block of the ring.
+const BLOCK: usize = 32;
 
 /// One node's ordered log.
 pub(crate) struct OrderedLog<T> {
@@ -34,18 +41,77 @@ pub(crate) struct OrderedLog<T> {
     capacity: usize,
 }
 
+/// The ring holds its messages in shared blocks of [`BLOCK`] positions, so
+/// a runner catching up reads them by reference after one `Arc` clone per
+/// block, instead of one per message (a locked operation each, as costly
+/// as the call it precedes).
 struct Ring<T> {
-    messages: VecDeque<Arc<Message<T>>>,
-    /// The position of `messages[0]`.
+    blocks: VecDeque<Arc<Block<T>>>,
+    /// The oldest position kept (the ring's bound); blocks wholly below it
+    /// are let go.
     first: u64,
+    /// The position the next append gets.
+    next: u64,
+}
+
+/// [`BLOCK`] consecutive positions from `first`. A slot is set once, before
+/// the head passes it, and never changes after.
+pub(crate) struct Block<T> {
+    first: u64,
+    slots: [OnceLock<Arc<Message<T>>>; BLOCK],
+}
+
+/// What a runner read from the log: the blocks holding positions
+/// `start..end`. Reused between reads to keep its allocation.
+pub(crate) struct Read<T> {
+    blocks: Vec<Arc<Block<T>>>,
+    start: u64,
+    end: u64,
+}
+
+impl<T> Default for Read<T> {
+    fn default() -> Self {
+        Self {
+            blocks: Vec::new(),
+            start: 0,
+            end: 0,
+        }
+    }
+}
+
+impl<T> Read<T> {
+    /// The first position read (above the one asked for if older ones were
+    /// pushed out of the ring).
+    pub(crate) fn start(&self) -> u64 {
+        self.start
+    }
+
+    /// The messages read, with their positions, in order.
+    pub(crate) fn messages(&self) -> impl Iterator<Item = (u64, &Arc<Message<T>>)> {
+        let (start, end) = (self.start, self.end);
+        self.blocks.iter().flat_map(move |block| {
+            let from = start.max(block.first);
+            let to = end.min(block.first + BLOCK as u64);
+            (from..to).filter_map(move |position| {
+                let slot = usize::try_from(position - block.first).ok()?;
+                block.slots[slot].get().map(|message| (position, message))
+            })
+        })
+    }
+
+    /// Lets go of the blocks (and so of the messages only they kept).
+    pub(crate) fn clear(&mut self) {
+        self.blocks.clear();
+    }
 }
 
 impl<T> OrderedLog<T> {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             ring: Mutex::new(Ring {
-                messages: VecDeque::new(),
+                blocks: VecDeque::new(),
                 first: 0,
+                next: 0,
             }),
             head: AtomicU64::new(0),
             members: AtomicUsize::new(0),
@@ -68,7 +134,7 @@ impl<T> OrderedLog<T> {
     pub(crate) fn join(&self) -> u64 {
         let ring = self.lock();
         self.members.fetch_add(1, Ordering::SeqCst);
-        ring.first + ring.messages.len() as u64
+        ring.next
     }
 
     /// A subscription stopped reading.
@@ -86,8 +152,8 @@ impl<T> OrderedLog<T> {
             if self.members.load(Ordering::SeqCst) > 0 {
                 return;
             }
-            ring.first += ring.messages.len() as u64;
-            std::mem::take(&mut ring.messages)
+            ring.first = ring.next;
+            std::mem::take(&mut ring.blocks)
         };
         drop(released);
     }
@@ -99,20 +165,39 @@ impl<T> OrderedLog<T> {
         self.head.load(Ordering::SeqCst)
     }
 
-    /// Appends `message`; returns its position.
+    /// Appends `message`; returns its position. Keeps the newest `capacity`
+    /// positions readable; a block is let go once all of it is older (so up
+    /// to `BLOCK - 1` messages more stay allocated until then).
     pub(crate) fn append(&self, message: &Arc<Message<T>>) -> u64 {
-        let displaced;
+        let mut displaced = None;
         let position;
         {
             let mut ring = self.lock();
-            position = ring.first + ring.messages.len() as u64;
-            ring.messages.push_back(Arc::clone(message));
-            displaced = if ring.messages.len() > self.capacity {
-                ring.first += 1;
-                ring.messages.pop_front()
-            } else {
-                None
-            };
+            position = ring.next;
+            let full = ring
+                .blocks
+                .back()
+                .is_none_or(|block| position >= block.first + BLOCK as u64);
+            if full {
+                ring.blocks.push_back(Arc::new(Block {
+                    first: position,
+                    slots: std::array::from_fn(|_| OnceLock::new()),
+                }));
+            }
+            let block = ring.blocks.back().expect("a block with room");
+            let slot = usize::try_from(position - block.first).expect("within a block");
+            let _ = block.slots[slot].set(Arc::clone(message));
+            ring.next = position + 1;
+            ring.first = ring
+                .first
+                .max(ring.next.saturating_sub(self.capacity as u64));
+            if ring
+                .blocks
+                .front()
+                .is_some_and(|block| block.first + BLOCK as u64 <= ring.first)
+            {
+                displaced = ring.blocks.pop_front();
+            }
             self.head.store(position + 1, Ordering::SeqCst);
         }
         drop(displaced);
@@ -127,14 +212,63 @@ impl<T> OrderedLog<T> {
         position + (self.capacity as u64) < self.head()
     }
 
-    /// Copies the messages from position `from` to the head into `into`;
-    /// returns the position of the first one copied (above `from` if the
-    /// older ones were pushed out of the ring).
-    pub(crate) fn read(&self, from: u64, into: &mut Vec<Arc<Message<T>>>) -> u64 {
+    /// Reads the messages from position `from` to the head into `into`
+    /// (see [`Read`]); older ones pushed out of the ring are not there.
+    pub(crate) fn read(&self, from: u64, into: &mut Read<T>) {
+        into.blocks.clear();
         let ring = self.lock();
-        let start = from.max(ring.first);
-        let skip = usize::try_from(start - ring.first).unwrap_or(usize::MAX);
-        into.extend(ring.messages.iter().skip(skip).cloned());
-        start
+        into.start = from.max(ring.first);
+        into.end = ring.next;
+        let (start, end) = (into.start, into.end);
+        into.blocks.extend(
+            ring.blocks
+                .iter()
+                .filter(|block| block.first + BLOCK as u64 > start && block.first < end)
+                .cloned(),
+        );
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::Arc;
+
+    use super::{OrderedLog, Read, BLOCK};
+    use crate::message::Message;
+
+    fn values(read: &Read<u64>) -> Vec<(u64, u64)> {
+        read.messages()
+            .map(|(position, message)| (position, *message.data()))
+            .collect()
+    }
+
+    /// Reads span blocks and start mid-block; the ring keeps the newest
+    /// `capacity` positions readable and lets go of whole blocks only.
+    #[test]
+    fn reads_span_blocks_and_the_ring_keeps_its_bound() {
+        let capacity = BLOCK + 8;
+        let log = OrderedLog::<u64>::new(capacity);
+        let total = 3 * BLOCK as u64 + 5;
+        for value in 0..total {
+            assert_eq!(log.append(&Arc::new(Message::new("t", value))), value);
+        }
+        assert_eq!(log.head(), total);
+        let mut read = Read::default();
+        log.read(total - 10, &mut read);
+        assert_eq!(
+            values(&read),
+            (total - 10..total).map(|p| (p, p)).collect::<Vec<_>>()
+        );
+        // Older than the bound: the read starts at the oldest kept.
+        log.read(0, &mut read);
+        let oldest = total - capacity as u64;
+        assert_eq!(read.start(), oldest);
+        assert_eq!(
+            values(&read),
+            (oldest..total).map(|p| (p, p)).collect::<Vec<_>>()
+        );
+        assert!(log.pushed_out(oldest - 1) && !log.pushed_out(oldest));
+        let kept = log.lock().blocks.len();
+        assert!(kept * BLOCK <= capacity + 2 * BLOCK, "{kept} blocks kept");
     }
 }
