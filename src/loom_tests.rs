@@ -429,33 +429,47 @@ fn loom_a_cancelled_waiter_loses_no_slot() {
     });
 }
 
+/// An ordered subscription attached to a log of 4, whose handler records
+/// what it ran and fails the model if two of its calls overlap.
+#[allow(clippy::type_complexity)]
+fn watched_ordered_sink() -> (
+    Arc<crate::registry::ordered_log::OrderedLog<u32>>,
+    Arc<crate::sync::Mutex<Vec<u32>>>,
+    Arc<impl crate::registry::entry::Sink<u32>>,
+) {
+    use crate::dispatch::OrderedSink;
+    use crate::registry::ordered_log::OrderedLog;
+    use crate::sync::{AtomicBool, Mutex, Ordering};
+
+    let log = Arc::new(OrderedLog::<u32>::new(4));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let inside = Arc::new(AtomicBool::new(false));
+    let sink = {
+        let (seen, inside) = (Arc::clone(&seen), Arc::clone(&inside));
+        Arc::new(OrderedSink::new(
+            move |m: &Message<u32>| {
+                assert!(!inside.swap(true, Ordering::SeqCst), "calls overlapped");
+                seen.lock().unwrap().push(*m.data());
+                inside.store(false, Ordering::SeqCst);
+            },
+            1,
+        ))
+    };
+    sink.attach(Arc::clone(&log));
+    (log, seen, sink)
+}
+
 /// Two publishers each append a message to an ordered log and deliver it
 /// to the same ordered subscription at once: the handler runs each message
 /// exactly once, in log order, never two calls at a time, and the two
 /// deliveries' outcomes add up to both calls (whichever became the runner).
 #[test]
 fn loom_ordered_sink_runs_each_message_once_in_order() {
-    use crate::dispatch::OrderedSink;
     use crate::registry::entry::{Settled, Sink};
     use crate::registry::ordered_log::OrderedLog;
-    use crate::sync::{AtomicBool, Mutex, Ordering};
 
     model(|| {
-        let log = Arc::new(OrderedLog::<u32>::new(4));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let inside = Arc::new(AtomicBool::new(false));
-        let sink = {
-            let (seen, inside) = (Arc::clone(&seen), Arc::clone(&inside));
-            Arc::new(OrderedSink::new(
-                move |m: &Message<u32>| {
-                    assert!(!inside.swap(true, Ordering::SeqCst), "calls overlapped");
-                    seen.lock().unwrap().push(*m.data());
-                    inside.store(false, Ordering::SeqCst);
-                },
-                1,
-            ))
-        };
-        sink.attach(Arc::clone(&log));
+        let (log, seen, sink) = watched_ordered_sink();
         fn publish(value: u32, sink: &impl Sink<u32>, log: &OrderedLog<u32>) -> (u64, u32) {
             let message = Arc::new(Message::new("t", value));
             let position = log.append(&message);
@@ -491,27 +505,10 @@ fn loom_ordered_sink_runs_each_message_once_in_order() {
 /// exactly once, in log order, never two calls at a time.
 #[test]
 fn loom_ordered_batch_and_single_delivery_run_each_message_once_in_order() {
-    use crate::dispatch::OrderedSink;
     use crate::registry::entry::{Settled, Sink};
-    use crate::registry::ordered_log::OrderedLog;
-    use crate::sync::{AtomicBool, Mutex, Ordering};
 
     model(|| {
-        let log = Arc::new(OrderedLog::<u32>::new(4));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let inside = Arc::new(AtomicBool::new(false));
-        let sink = {
-            let (seen, inside) = (Arc::clone(&seen), Arc::clone(&inside));
-            Arc::new(OrderedSink::new(
-                move |m: &Message<u32>| {
-                    assert!(!inside.swap(true, Ordering::SeqCst), "calls overlapped");
-                    seen.lock().unwrap().push(*m.data());
-                    inside.store(false, Ordering::SeqCst);
-                },
-                1,
-            ))
-        };
-        sink.attach(Arc::clone(&log));
+        let (log, seen, sink) = watched_ordered_sink();
         let other = {
             let (sink, log) = (Arc::clone(&sink), Arc::clone(&log));
             thread::spawn(move || {

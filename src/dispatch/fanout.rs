@@ -83,12 +83,8 @@ struct Progress {
     claim_end: usize,
     /// Deliveries it claimed in all.
     claimed: usize,
-    /// Of those: skipped, panicked or handed over.
-    not_delivered: usize,
-    /// Of those: async deliveries handed over to the runner, unfinished.
-    handed_over: usize,
-    /// Ordered deliveries that counted what they ran themselves.
-    settled: Settled,
+    /// What of those did not simply deliver.
+    exceptions: Exceptions,
     /// Units in its next claim (below the threshold).
     grain: usize,
     /// When its last claim was made, and how many units it held.
@@ -224,9 +220,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         let mut progress = BatchProgress {
             current: range.start,
             job: 0,
-            not_delivered: 0,
-            handed_over: 0,
-            settled: Settled::default(),
+            exceptions: Exceptions::default(),
         };
         loop {
             let result = catch_unwind(AssertUnwindSafe(|| {
@@ -236,10 +230,10 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                 Ok(()) => break,
                 Err(panic) => {
                     // `(current, job)` is still the delivery that panicked.
-                    tally.panics += 1;
-                    progress.not_delivered += 1;
-                    let subscription = first.entry(progress.current).map(|entry| entry.id());
-                    report_panic(first.topic(), subscription, panic.as_ref());
+                    let delivery = progress.current;
+                    progress
+                        .exceptions
+                        .panicked(first, delivery, panic.as_ref(), tally);
                     progress.job += 1;
                     if progress.job == jobs.len() {
                         progress.job = 0;
@@ -249,12 +243,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             }
         }
         quiesce::unhold(claimed as u64);
-        tally.finished += (claimed - progress.handed_over) as u64;
-        let settled = progress.settled;
-        tally.delivered +=
-            (claimed - progress.not_delivered) as u64 - settled.deliveries + settled.delivered;
-        tally.panics += settled.panics;
-        tally.dropped += settled.dropped;
+        progress.exceptions.add_to(claimed, tally);
     }
 
     /// [`Self::run_chunk_batch`]'s hot loop, from `p` up to delivery `end`.
@@ -293,20 +282,22 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                             if p.job == 0
                                 && !ordered.is_empty()
                                 && entry.is_active()
-                                && entry.sink.deliver_batch(&ordered, &mut p.settled)
+                                && entry
+                                    .sink
+                                    .deliver_batch(&ordered, &mut p.exceptions.settled)
                             {
                                 p.job = jobs.len();
                             }
                             while let Some(job) = jobs.get(p.job) {
                                 if !entry.is_active() {
-                                    p.not_delivered += 1;
+                                    p.exceptions.not_delivered += 1;
                                     p.job += 1;
                                     continue;
                                 }
                                 let started = entry.sink.deliver_at(
                                     &job.message,
                                     job.position(set_index),
-                                    &mut p.settled,
+                                    &mut p.exceptions.settled,
                                 );
                                 let unfinished = started.and_then(|started| {
                                     pending::first_poll(started, env.handle.as_ref())
@@ -315,13 +306,13 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                                 if let Some(future) = unfinished {
                                     // Not finished: the runner takes it
                                     // over, with its accounting.
-                                    p.handed_over += 1;
-                                    p.not_delivered += 1;
+                                    p.exceptions.handed_over += 1;
+                                    p.exceptions.not_delivered += 1;
                                     runner.pending(future, tally);
                                 }
                             }
                         }
-                        None => p.not_delivered += jobs.len() - p.job,
+                        None => p.exceptions.not_delivered += jobs.len() - p.job,
                     }
                     p.job = 0;
                     p.current += 1;
@@ -356,9 +347,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             current: 0,
             claim_end: 0,
             claimed: 0,
-            not_delivered: 0,
-            handed_over: 0,
-            settled: Settled::default(),
+            exceptions: Exceptions::default(),
             grain: 1,
             last_claim: None,
             fixed: false,
@@ -378,21 +367,16 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                 Ok(()) => break,
                 Err(panic) => {
                     // `current` is still the delivery that panicked.
-                    tally.panics += 1;
-                    progress.not_delivered += 1;
-                    let subscription = self.entry(progress.current).map(|entry| entry.id());
-                    report_panic(self.topic(), subscription, panic.as_ref());
+                    let delivery = progress.current;
+                    progress
+                        .exceptions
+                        .panicked(self, delivery, panic.as_ref(), tally);
                     progress.current += 1;
                 }
             }
         }
         quiesce::unhold(progress.claimed as u64);
-        tally.finished += (progress.claimed - progress.handed_over) as u64;
-        let settled = progress.settled;
-        tally.delivered += (progress.claimed - progress.not_delivered) as u64 - settled.deliveries
-            + settled.delivered;
-        tally.panics += settled.panics;
-        tally.dropped += settled.dropped;
+        progress.exceptions.add_to(progress.claimed, tally);
         self.runners.fetch_sub(1, Ordering::Relaxed);
     }
 
@@ -413,24 +397,25 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                 for slot in run {
                     match slot.get() {
                         Some(entry) if entry.is_active() => {
-                            let started =
-                                entry
-                                    .sink
-                                    .deliver_at(&self.message, position, &mut p.settled);
+                            let started = entry.sink.deliver_at(
+                                &self.message,
+                                position,
+                                &mut p.exceptions.settled,
+                            );
                             if let Some(future) = started.and_then(|started| {
                                 pending::first_poll(started, env.handle.as_ref())
                             }) {
                                 // Not finished: the runner takes it over,
                                 // with its accounting.
-                                p.handed_over += 1;
-                                p.not_delivered += 1;
+                                p.exceptions.handed_over += 1;
+                                p.exceptions.not_delivered += 1;
                                 p.current += 1;
                                 runner.pending(future, tally);
                                 continue;
                             }
                         }
                         // Unsubscribed since the publish (or never published).
-                        _ => p.not_delivered += 1,
+                        _ => p.exceptions.not_delivered += 1,
                     }
                     p.current += 1;
                 }
@@ -577,12 +562,46 @@ impl<T: Send + Sync + 'static> Fanout<T> {
 struct BatchProgress {
     current: usize,
     job: usize,
+    exceptions: Exceptions,
+}
+
+/// What a runner's deliveries did other than deliver one message each: a
+/// runner counts only these in its hot loop and works out its tally from
+/// them at the end.
+#[derive(Default)]
+struct Exceptions {
     /// Deliveries skipped, panicked or handed over.
     not_delivered: usize,
     /// Of those: async deliveries handed over to the runner, unfinished.
     handed_over: usize,
     /// Ordered deliveries that counted what they ran themselves.
     settled: Settled,
+}
+
+impl Exceptions {
+    /// A delivery of `job` (the `delivery`th) panicked, caught by the runner.
+    fn panicked<T: Send + Sync + 'static>(
+        &mut self,
+        job: &Fanout<T>,
+        delivery: usize,
+        panic: &(dyn std::any::Any + Send),
+        tally: &mut Tally,
+    ) {
+        tally.panics += 1;
+        self.not_delivered += 1;
+        let subscription = job.entry(delivery).map(|entry| entry.id());
+        report_panic(job.topic(), subscription, panic);
+    }
+
+    /// Adds to `tally` what a runner that claimed `claimed` deliveries did.
+    fn add_to(&self, claimed: usize, tally: &mut Tally) {
+        tally.finished += (claimed - self.handed_over) as u64;
+        let settled = self.settled;
+        tally.delivered +=
+            (claimed - self.not_delivered) as u64 - settled.deliveries + settled.delivered;
+        tally.panics += settled.panics;
+        tally.dropped += settled.dropped;
+    }
 }
 
 /// Finds which handler set holds a delivery, moving forward only (a runner's

@@ -139,20 +139,28 @@ where
         }
         let call = self.call_unless_pushed_out(log, position, message, false);
         self.cursor.store(position + 1, Ordering::Release);
-        let seen = match self
+        let rest = self.hand_back(log);
+        if rest.is_none() && call == Call::Delivered {
+            return;
+        }
+        let mut tally = Outcome::default();
+        tally.add(call);
+        tally.merge(rest.unwrap_or_default());
+        settled.settle(tally);
+    }
+
+    /// The runner, having run its own deliveries' messages, stops being the
+    /// runner: `None` if no delivery counted in meanwhile, else it catches
+    /// up on theirs first (what it ran).
+    #[inline]
+    fn hand_back(&self, log: &OrderedLog<T>) -> Option<Outcome> {
+        match self
             .pending
             .compare_exchange(1, 0, Ordering::AcqRel, Ordering::Acquire)
         {
-            Ok(_) if call == Call::Delivered => return,
-            Ok(_) => 0,
-            Err(now) => now,
-        };
-        let mut tally = Outcome::default();
-        tally.add(call);
-        if seen > 0 {
-            tally.merge(self.run(log, None, false, seen));
+            Ok(_) => None,
+            Err(now) => Some(self.run(log, None, false, now)),
         }
-        settled.settle(tally);
     }
 
     /// A batch's deliveries (see [`Sink::deliver_batch`]) as the runner:
@@ -176,18 +184,12 @@ where
             tally.add(self.call_unless_pushed_out(log, position, message, false));
             self.cursor.store(position + 1, Ordering::Release);
         }
-        let seen = if gap {
-            1
+        let rest = if gap {
+            Some(self.run(log, None, false, 1))
         } else {
-            match self
-                .pending
-                .compare_exchange(1, 0, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return tally,
-                Err(now) => now,
-            }
+            self.hand_back(log)
         };
-        tally.merge(self.run(log, None, false, seen));
+        tally.merge(rest.unwrap_or_default());
         tally
     }
 
