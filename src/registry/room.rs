@@ -51,6 +51,8 @@ pub(crate) enum Take {
     Closed,
 }
 
+/// `repr(C)`: the free count first, in the line a mailbox keeps hot.
+#[repr(C)]
 pub(crate) struct Room {
     /// Free slots times [`ONE`], plus the [`WAITING`] and [`CLOSED`] bits.
     state: AtomicUsize,
