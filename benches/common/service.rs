@@ -39,7 +39,7 @@ pub struct Completion {
 }
 
 impl Completion {
-    fn new(arrivals: usize) -> Arc<Self> {
+    pub fn new(arrivals: usize) -> Arc<Self> {
         Arc::new(Self {
             target: CachePadded::new(AtomicU64::new(u64::MAX)),
             arrived: CachePadded::new(AtomicUsize::new(0)),
@@ -50,10 +50,24 @@ impl Completion {
 
     /// A handler's counter now reads `count`.
     #[inline]
-    fn counted(&self, count: u64) {
-        if count == self.target.load(Ordering::Relaxed)
-            && self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.arrivals
-        {
+    pub fn counted(&self, count: u64) {
+        if count == self.target.load(Ordering::Relaxed) {
+            self.arrive();
+        }
+    }
+
+    /// A counter that may move by more than one at a time went from
+    /// `before` to `after`: it arrives if it passed the target.
+    #[inline]
+    pub fn moved(&self, before: u64, after: u64) {
+        let target = self.target.load(Ordering::Relaxed);
+        if before < target && target <= after {
+            self.arrive();
+        }
+    }
+
+    fn arrive(&self) {
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.arrivals {
             if let Some(waiter) = self.waiter.lock().expect("waiter").as_ref() {
                 waiter.unpark();
             }
@@ -61,7 +75,7 @@ impl Completion {
     }
 
     /// Arms the next burst: complete when every counter reads `target`.
-    fn arm(&self, target: u64) {
+    pub fn arm(&self, target: u64) {
         *self.waiter.lock().expect("waiter") = Some(std::thread::current());
         self.arrived.store(0, Ordering::Relaxed);
         self.target.store(target, Ordering::Release);
@@ -69,7 +83,7 @@ impl Completion {
 
     /// Parks until the armed burst is complete; panics after a minute, which
     /// only a lost delivery could cause.
-    fn wait(&self) {
+    pub fn wait(&self) {
         let started = Instant::now();
         while self.arrived.load(Ordering::Acquire) < self.arrivals {
             std::thread::park_timeout(Duration::from_millis(10));
