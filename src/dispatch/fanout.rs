@@ -220,28 +220,12 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         let mut progress = BatchProgress {
             current: range.start,
             job: 0,
+            jobs: jobs.len(),
             exceptions: Exceptions::default(),
         };
-        loop {
-            let result = catch_unwind(AssertUnwindSafe(|| {
-                first.work_batch(jobs, range.end, env, runner, &mut progress, tally);
-            }));
-            match result {
-                Ok(()) => break,
-                Err(panic) => {
-                    // `(current, job)` is still the delivery that panicked.
-                    let delivery = progress.current;
-                    progress
-                        .exceptions
-                        .panicked(first, delivery, panic.as_ref(), tally);
-                    progress.job += 1;
-                    if progress.job == jobs.len() {
-                        progress.job = 0;
-                        progress.current += 1;
-                    }
-                }
-            }
-        }
+        first.resuming(&mut progress, tally, |progress, tally| {
+            first.work_batch(jobs, range.end, env, runner, progress, tally);
+        });
         quiesce::unhold(claimed as u64);
         progress.exceptions.add_to(claimed, tally);
     }
@@ -331,6 +315,25 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         dropped
     }
 
+    /// Runs `work` to its end: a delivery that panics is caught, counted
+    /// and reported, and `work` resumes just past it (a runner's other
+    /// deliveries still run).
+    fn resuming<P: Resumable>(
+        &self,
+        progress: &mut P,
+        tally: &mut Tally,
+        mut work: impl FnMut(&mut P, &mut Tally),
+    ) {
+        while let Err(panic) = catch_unwind(AssertUnwindSafe(|| work(progress, tally))) {
+            // The progress still points at the delivery that panicked.
+            let delivery = progress.delivery();
+            progress
+                .exceptions()
+                .panicked(self, delivery, panic.as_ref(), tally);
+            progress.step_past();
+        }
+    }
+
     fn run_from(
         &self,
         env: &Env,
@@ -359,22 +362,9 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             progress.claimed = range.len();
             progress.fixed = true;
         }
-        loop {
-            let result = catch_unwind(AssertUnwindSafe(|| {
-                self.work(env, runner, &mut progress, tally);
-            }));
-            match result {
-                Ok(()) => break,
-                Err(panic) => {
-                    // `current` is still the delivery that panicked.
-                    let delivery = progress.current;
-                    progress
-                        .exceptions
-                        .panicked(self, delivery, panic.as_ref(), tally);
-                    progress.current += 1;
-                }
-            }
-        }
+        self.resuming(&mut progress, tally, |progress, tally| {
+            self.work(env, runner, progress, tally);
+        });
         quiesce::unhold(progress.claimed as u64);
         progress.exceptions.add_to(progress.claimed, tally);
         self.runners.fetch_sub(1, Ordering::Relaxed);
@@ -562,7 +552,53 @@ impl<T: Send + Sync + 'static> Fanout<T> {
 struct BatchProgress {
     current: usize,
     job: usize,
+    /// Jobs in the batch: each delivery is one job's at one subscription.
+    jobs: usize,
     exceptions: Exceptions,
+}
+
+/// A runner's place in its deliveries, for [`Fanout::resuming`] to step
+/// past one that panicked.
+trait Resumable {
+    /// The delivery it is at (the index of its subscription in the job).
+    fn delivery(&self) -> usize;
+    fn exceptions(&mut self) -> &mut Exceptions;
+    /// Moves past the delivery it is at.
+    fn step_past(&mut self);
+}
+
+impl Resumable for Progress {
+    fn delivery(&self) -> usize {
+        self.current
+    }
+
+    fn exceptions(&mut self) -> &mut Exceptions {
+        &mut self.exceptions
+    }
+
+    fn step_past(&mut self) {
+        self.current += 1;
+    }
+}
+
+impl Resumable for BatchProgress {
+    fn delivery(&self) -> usize {
+        self.current
+    }
+
+    fn exceptions(&mut self) -> &mut Exceptions {
+        &mut self.exceptions
+    }
+
+    /// The next job's delivery to the same subscription, or the first
+    /// job's to the next.
+    fn step_past(&mut self) {
+        self.job += 1;
+        if self.job == self.jobs {
+            self.job = 0;
+            self.current += 1;
+        }
+    }
 }
 
 /// What a runner's deliveries did other than deliver one message each: a

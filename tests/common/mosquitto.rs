@@ -7,7 +7,10 @@
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+
+#[path = "broker_process.rs"]
+mod broker_process;
+use broker_process::{kill, wait_until_up, with_retries};
 
 /// The broker binary.
 pub fn broker_binary() -> Result<PathBuf, String> {
@@ -39,14 +42,7 @@ impl Mosquitto {
     /// port chosen free can be taken by another test's server before ours
     /// binds it.
     pub fn start() -> Self {
-        let mut last = String::new();
-        for _ in 0..3 {
-            match Self::try_start() {
-                Ok(broker) => return broker,
-                Err(error) => last = error,
-            }
-        }
-        panic!("mosquitto did not start: {last}")
+        with_retries("mosquitto did not start", Self::try_start)
     }
 
     fn try_start() -> Result<Self, String> {
@@ -93,32 +89,15 @@ impl Mosquitto {
                 .spawn()
                 .map_err(|e| format!("mosquitto: {e}"))?,
         );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            // Exited: most likely its port was taken meanwhile.
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                self.child = None;
-                return Err(format!("mosquitto on {} exited: {status}", self.port));
-            }
-            if Instant::now() > deadline {
-                self.kill();
-                return Err(format!("mosquitto did not come up on {}", self.port));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(())
+        let port = self.port;
+        wait_until_up("mosquitto", port, &mut self.child, || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        })
     }
 
     /// Kills the process (by pid) and waits for it.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill(&mut self.child);
     }
 }
 

@@ -10,6 +10,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "broker_process.rs"]
+mod broker_process;
+use broker_process::{kill, wait_until_up, with_retries};
+
 /// The server binary: `$BLAZESUB_NATS_SERVER`, else `nats-server` on PATH.
 pub fn server_binary() -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os("BLAZESUB_NATS_SERVER") {
@@ -45,17 +49,6 @@ pub fn free_ports<const N: usize>() -> [u16; N] {
 
 /// Tries a server set on fresh ports a few times: a port chosen free can be
 /// taken by another test's server before ours binds it.
-fn with_retries<R>(what: &str, mut attempt: impl FnMut() -> Result<R, String>) -> R {
-    let mut last = String::new();
-    for _ in 0..3 {
-        match attempt() {
-            Ok(made) => return made,
-            Err(error) => last = error,
-        }
-    }
-    panic!("{what}: {last}")
-}
-
 /// One running server; killed (by its pid) when dropped.
 pub struct NatsServer {
     child: Option<Child>,
@@ -170,45 +163,20 @@ impl NatsServer {
                 .args(["--routes", &routes.join(",")]);
         }
         self.child = Some(command.spawn().map_err(|e| format!("nats-server: {e}"))?);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() || self.get("/varz").is_err() {
-            // Exited: most likely one of its ports was taken meanwhile.
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                self.child = None;
-                return Err(format!("nats-server on {} exited: {status}", self.port));
-            }
-            if Instant::now() > deadline {
-                self.kill();
-                return Err(format!("nats-server did not come up on {}", self.port));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(())
+        let (port, monitor) = (self.port, self.monitor);
+        wait_until_up("nats-server", port, &mut self.child, || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok() && get(monitor, "/varz").is_ok()
+        })
     }
 
     /// Kills the process (by pid) and waits for it.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill(&mut self.child);
     }
 
     /// The body of a monitoring endpoint.
     pub fn get(&self, path: &str) -> Result<String, std::io::Error> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.monitor))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        Ok(response
-            .split_once("\r\n\r\n")
-            .map(|(_, body)| body.to_owned())
-            .unwrap_or_default())
+        get(self.monitor, path)
     }
 
     /// A monitoring endpoint parsed as JSON.
@@ -242,4 +210,18 @@ impl Drop for NatsServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The body of monitoring endpoint `path` of the server monitored on
+/// `monitor`.
+fn get(monitor: u16, path: &str) -> Result<String, std::io::Error> {
+    let mut stream = TcpStream::connect(("127.0.0.1", monitor))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default())
 }
