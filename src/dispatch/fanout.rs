@@ -288,11 +288,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                                 });
                                 p.job += 1;
                                 if let Some(future) = unfinished {
-                                    // Not finished: the runner takes it
-                                    // over, with its accounting.
-                                    p.exceptions.handed_over += 1;
-                                    p.exceptions.not_delivered += 1;
-                                    runner.pending(future, tally);
+                                    p.exceptions.hand_over(future, runner, tally);
                                 }
                             }
                         }
@@ -395,12 +391,8 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                             if let Some(future) = started.and_then(|started| {
                                 pending::first_poll(started, env.handle.as_ref())
                             }) {
-                                // Not finished: the runner takes it over,
-                                // with its accounting.
-                                p.exceptions.handed_over += 1;
-                                p.exceptions.not_delivered += 1;
                                 p.current += 1;
-                                runner.pending(future, tally);
+                                p.exceptions.hand_over(future, runner, tally);
                                 continue;
                             }
                         }
@@ -615,6 +607,15 @@ struct Exceptions {
 }
 
 impl Exceptions {
+    /// An async delivery not finished at its first poll: the runner takes
+    /// it over, with its accounting.
+    #[inline]
+    fn hand_over<T>(&mut self, future: BoxFuture, runner: &mut impl Runner<T>, tally: &mut Tally) {
+        self.handed_over += 1;
+        self.not_delivered += 1;
+        runner.pending(future, tally);
+    }
+
     /// A delivery of `job` (the `delivery`th) panicked, caught by the runner.
     fn panicked<T: Send + Sync + 'static>(
         &mut self,
