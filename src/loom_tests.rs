@@ -12,7 +12,9 @@
 //! What is checked:
 //! - the route cache never serves a stale route: a lookup that starts after
 //!   `insert` returns sees the new subscriber — whether it was appended to an
-//!   existing set, created a new trie node, or made its set grow — and one
+//!   existing set, created a new trie node (for a wildcard filter, which
+//!   changes every topic's stamp, or an exact one, which changes only its
+//!   own topic's), or made its set grow — and one
 //!   that starts after `remove` returns never yields the removed one as
 //!   active, while another thread is warming the same cache slot;
 //! - a stream mailbox under a racing push, overflow and close: the reader
@@ -116,6 +118,29 @@ fn loom_lookup_after_a_new_node_sees_it() {
             |trie| insert(trie, "a/+", handler(9)),
             |ids| assert!(ids.contains(&9), "{ids:?}"),
         );
+    });
+}
+
+/// An exact filter's new node changes only its own topic's stamp: a
+/// lookup racing it may cache the route from before, and the lookup after
+/// the insert must still see the new node.
+#[test]
+fn loom_lookup_after_a_new_exact_node_sees_it() {
+    model(|| {
+        let trie = Arc::new(Trie::<u32>::new());
+        let cache = Arc::new(RouteCache::<u32>::new(2));
+        insert(&trie, "a/+", handler(1));
+        cache.route(&trie, "a/b");
+        let reader = {
+            let (trie, cache) = (Arc::clone(&trie), Arc::clone(&cache));
+            thread::spawn(move || {
+                cache.route(&trie, "a/b");
+            })
+        };
+        insert(&trie, "a/b", handler(9));
+        let ids = active_ids(&cache.route(&trie, "a/b"));
+        assert!(ids.contains(&9) && ids.contains(&1), "{ids:?}");
+        reader.join().unwrap();
     });
 }
 

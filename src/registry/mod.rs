@@ -22,9 +22,9 @@
 //!   only the writer appends, and only above that length (`subset.rs`).
 //! - A set's `live` count equals its active entries, as counted under the
 //!   writer lock (`trie.rs`: deactivation happens under the lock too).
-//! - A route built at generation `g` is complete while the trie's generation
-//!   is `g`: every change of shape bumps it after becoming visible
-//!   (`trie.rs`, `route.rs`).
+//! - A route built at stamp `s` is complete while its topic's stamp is `s`:
+//!   every change that could add to or empty a topic's route changes that
+//!   topic's stamp after becoming visible (`trie.rs`, `route.rs`).
 //! - No user code (a closure's `Drop`) runs under the writer lock: writers
 //!   collect what they replace and drop it after unlocking (`trie.rs`).
 //! - Once a subscription's flag is cleared, a grace period ends only after

@@ -1,12 +1,13 @@
 //! The route cache: topic name → the subscriber sets it reaches.
 //!
 //! # Contract
-//! A cache hit costs one hash, one lock-free slot load, a generation and a
+//! A cache hit costs one hash, one lock-free slot load, a stamp and a
 //! string comparison, and one reference-count increment: no lock, no
 //! allocation, no trie walk. It **never serves a stale route**: an entry is
-//! used only if it was built at the trie's *current* generation, and the trie
-//! bumps its generation after every change that an existing route could miss
-//! (see `trie.rs`). Concretely, a publish that starts after `subscribe`
+//! used only if it was built at its topic's *current* stamp, and the trie
+//! changes a topic's stamp after every change that an existing route for it
+//! could miss (see `trie.rs`: a wildcard filter's changes reach every
+//! topic's stamp, an exact filter's only its own topic's). Concretely, a publish that starts after `subscribe`
 //! returns reaches the new subscriber, and one that starts after
 //! `unsubscribe` returns does not (the entry's own flag sees to that).
 //! BlazeSub's cache can serve a list from before a change; this one cannot.
@@ -15,16 +16,13 @@
 //! memory is bounded by its capacity whatever topics are published; two
 //! topics that share a slot simply evict each other.
 
-use std::hash::BuildHasher;
 use std::sync::Arc;
-
-use rustc_hash::FxBuildHasher;
 
 use smallvec::SmallVec;
 
 use super::entry::NO_POSITION;
 use super::subset::{HandlerSet, StreamSet};
-use super::trie::{NodeSubs, Trie};
+use super::trie::{topic_hash, NodeSubs, Trie};
 use crate::message::Message;
 use crate::sync::OptionArcCell;
 
@@ -43,7 +41,7 @@ pub(crate) type Positions = SmallVec<[u64; 1]>;
 /// compacted needs no new route, and a cached route never keeps an old set
 /// (or the removed entries in it) alive.
 pub(crate) struct Route<T> {
-    pub(crate) generation: u64,
+    pub(crate) stamp: u64,
     pub(crate) topic: Arc<str>,
     nodes: Box<[Arc<NodeSubs<T>>]>,
 }
@@ -56,7 +54,7 @@ impl<T> Route<T> {
     {
         let matched = trie.overlapping(topic);
         Route {
-            generation: matched.generation,
+            stamp: matched.stamp,
             topic: Arc::from(topic),
             nodes: matched.nodes.into_boxed_slice(),
         }
@@ -67,7 +65,7 @@ impl<T> Route<T> {
     #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
     pub(crate) fn single(topic: Arc<str>, node: Arc<NodeSubs<T>>) -> Self {
         Route {
-            generation: 0,
+            stamp: 0,
             topic,
             nodes: Box::new([node]),
         }
@@ -129,7 +127,6 @@ impl<T> Route<T> {
 
 pub(crate) struct RouteCache<T> {
     slots: Box<[OptionArcCell<Route<T>>]>,
-    hasher: FxBuildHasher,
 }
 
 impl<T: 'static> RouteCache<T> {
@@ -142,37 +139,38 @@ impl<T: 'static> RouteCache<T> {
         };
         Self {
             slots: (0..slots).map(|_| OptionArcCell::empty()).collect(),
-            hasher: FxBuildHasher,
         }
     }
 
     /// The route for `topic` (a valid topic name), from the cache if it holds a
     /// current one, else from the trie (and then cached).
     pub(crate) fn route(&self, trie: &Trie<T>, topic: &str) -> Arc<Route<T>> {
+        let hash = topic_hash(topic);
         if self.slots.is_empty() {
-            return Arc::new(build(trie, topic));
+            return Arc::new(build(trie, topic, hash));
         }
-        let generation = trie.generation();
-        let slot = &self.slots[self.hasher.hash_one(topic) as usize & (self.slots.len() - 1)];
+        let stamp = trie.stamp(hash);
+        let slot = &self.slots[hash as usize & (self.slots.len() - 1)];
         let hit = slot.with(|cached| {
             cached
-                .filter(|r| r.generation == generation && &*r.topic == topic)
+                .filter(|r| r.stamp == stamp && &*r.topic == topic)
                 .cloned()
         });
         if let Some(route) = hit {
             return route;
         }
-        let route = Arc::new(build(trie, topic));
+        let route = Arc::new(build(trie, topic, hash));
         slot.store(Some(Arc::clone(&route)));
         route
     }
 
-    /// Slots holding a route of the current generation (for leak checks).
+    /// Slots holding a route at its topic's current stamp (for leak checks).
     pub(crate) fn current_entries(&self, trie: &Trie<T>) -> usize {
-        let generation = trie.generation();
         self.slots
             .iter()
-            .filter(|slot| slot.with(|r| r.is_some_and(|r| r.generation == generation)))
+            .filter(|slot| {
+                slot.with(|r| r.is_some_and(|r| r.stamp == trie.stamp(topic_hash(&r.topic))))
+            })
             .count()
     }
 
@@ -181,11 +179,75 @@ impl<T: 'static> RouteCache<T> {
     }
 }
 
-fn build<T: 'static>(trie: &Trie<T>, topic: &str) -> Route<T> {
-    let matched = trie.matched(topic);
+fn build<T: 'static>(trie: &Trie<T>, topic: &str, hash: u64) -> Route<T> {
+    let matched = trie.matched(topic, hash);
     Route {
-        generation: matched.generation,
+        stamp: matched.stamp,
         topic: Arc::from(topic),
         nodes: matched.nodes.into_boxed_slice(),
+    }
+}
+
+// Plain unit tests: under `--cfg loom` the atomics they touch are loom's,
+// usable only inside a model (`loom_tests.rs` races the same lookups).
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::registry::entry::{HandlerEntry, Subscriber, SyncSink};
+    use crate::registry::trie::Handlers;
+
+    type Entry = Arc<Subscriber<u32, SyncSink<fn(&Message<u32>)>>>;
+
+    fn subscribe(trie: &Trie<u32>, filter: &str, id: u64) -> Entry {
+        let entry: Entry = Arc::new(Subscriber::new(id, SyncSink(|_| {})));
+        let inserted = Arc::clone(&entry) as HandlerEntry<u32>;
+        assert!(trie.insert::<Handlers>(filter, |_| inserted).is_ok());
+        entry
+    }
+
+    fn ids(route: &Route<u32>) -> Vec<u64> {
+        route
+            .handler_sets()
+            .iter()
+            .flat_map(|set| set.entries(set.len()))
+            .filter(|entry| entry.is_active())
+            .map(|entry| entry.id())
+            .collect()
+    }
+
+    #[test]
+    fn an_exact_subscription_coming_and_going_leaves_other_routes_cached() {
+        let (trie, cache) = (Trie::<u32>::new(), RouteCache::<u32>::new(64));
+        subscribe(&trie, "orders/created", 1);
+        let warm = cache.route(&trie, "orders/created");
+        // A request's reply topic: a node made, then pruned.
+        let reply = subscribe(&trie, "$reply/1/7", 2);
+        assert_eq!(ids(&cache.route(&trie, "$reply/1/7")), [2]);
+        assert!(trie.remove::<Handlers>("$reply/1/7", false, &*reply));
+        assert!(ids(&cache.route(&trie, "$reply/1/7")).is_empty());
+        assert!(
+            Arc::ptr_eq(&warm, &cache.route(&trie, "orders/created")),
+            "an exact filter elsewhere must not invalidate this route"
+        );
+        // A wildcard filter may match any topic: every route is rebuilt.
+        subscribe(&trie, "orders/+", 3);
+        let rebuilt = cache.route(&trie, "orders/created");
+        assert!(!Arc::ptr_eq(&warm, &rebuilt));
+        assert_eq!(ids(&rebuilt), [1, 3]);
+    }
+
+    #[test]
+    fn an_exact_subscription_reaches_its_own_cached_route() {
+        let (trie, cache) = (Trie::<u32>::new(), RouteCache::<u32>::new(64));
+        subscribe(&trie, "a/#", 1);
+        assert_eq!(ids(&cache.route(&trie, "a/b")), [1]);
+        // A new node for exactly this topic.
+        let exact = subscribe(&trie, "a/b", 2);
+        let mut reached = ids(&cache.route(&trie, "a/b"));
+        reached.sort_unstable();
+        assert_eq!(reached, [1, 2]);
+        // Its last subscription gone: the route no longer holds the node.
+        assert!(trie.remove::<Handlers>("a/b", false, &*exact));
+        assert_eq!(ids(&cache.route(&trie, "a/b")), [1]);
     }
 }

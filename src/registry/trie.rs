@@ -27,13 +27,19 @@
 //!   once half of it is dead otherwise, so each removal costs O(1) copies on average; a pruned
 //!   node's sets are emptied. A removed handler's closure is therefore
 //!   dropped once the publishes already running on its old set finish.
-//! - **The generation** is bumped, after the change is visible, whenever a
-//!   reader's earlier result may no longer be complete: a new root (a node
-//!   created or pruned). Appends, growth, compaction and removals do not bump
-//!   it (routes load the sets anew; a removed subscription's flag stops its
-//!   deliveries). A route built after reading generation `g` is therefore
-//!   valid for as long as the generation is still `g` (`route.rs` relies on
-//!   this).
+//! - **The stamp** a route is checked against ([`Trie::stamp`]) changes,
+//!   after the change is visible, whenever a reader's earlier result for
+//!   that topic may no longer be complete: a filter's node gained its first
+//!   subscription or lost its last. For a filter with a wildcard that is the
+//!   trie-wide generation; for a filter without one, which matches exactly
+//!   one topic name, only the epoch of that topic's bucket, so a service
+//!   that keeps making and dropping exact subscriptions (a request's reply
+//!   topic, a device's command topic) leaves every other topic's cached
+//!   route warm. Appends, growth, compaction and other removals change no
+//!   stamp (routes load the sets anew; a removed subscription's flag stops
+//!   its deliveries). A route built after reading stamp `s` is therefore
+//!   valid for as long as its topic's stamp is still `s` (`route.rs` relies
+//!   on this).
 //!
 //! Matching follows MQTT (see `topic.rs`): `+` matches one level, `#` any
 //! number including none, and first-level wildcards skip `$` topics.
@@ -269,9 +275,9 @@ impl<T: 'static> SetKind<T> for Streams {
     }
 }
 
-/// The nodes a topic name reaches, as of generation `generation`.
+/// The nodes a topic name reaches, as of its stamp `stamp`.
 pub(crate) struct Matched<T> {
-    pub(crate) generation: u64,
+    pub(crate) stamp: u64,
     pub(crate) nodes: Vec<Arc<NodeSubs<T>>>,
 }
 
@@ -306,11 +312,24 @@ impl<T> Writer<T> {
     }
 }
 
+/// Buckets of exact-topic epochs ([`Trie::stamp`]); a power of two.
+const TOPIC_EPOCHS: usize = 256;
+
+/// The hash a topic's stamp and route-cache slot are found by.
+#[inline]
+pub(crate) fn topic_hash(topic: &str) -> u64 {
+    use std::hash::BuildHasher;
+    FxBuildHasher.hash_one(topic)
+}
+
 pub(crate) struct Trie<T> {
     /// The bus's runners, for handles that wait for them.
     quiescence: Arc<Quiescence>,
     root: ArcCell<Node<T>>,
+    /// Changed by subscriptions whose filter has a wildcard.
     generation: AtomicU64,
+    /// Changed by subscriptions to exact topics, per bucket of topic hashes.
+    topic_epochs: Box<[AtomicU64]>,
     nodes: AtomicUsize,
     subscriptions: AtomicU64,
     writer: Mutex<Writer<T>>,
@@ -333,6 +352,7 @@ impl<T: 'static> Trie<T> {
             quiescence,
             root: ArcCell::new(Arc::new(Node::empty())),
             generation: AtomicU64::new(0),
+            topic_epochs: (0..TOPIC_EPOCHS).map(|_| AtomicU64::new(0)).collect(),
             nodes: AtomicUsize::new(0),
             subscriptions: AtomicU64::new(0),
             writer: Mutex::new(Writer {
@@ -344,14 +364,29 @@ impl<T: 'static> Trie<T> {
         }
     }
 
-    /// The current generation; see the module docs.
+    /// The current stamp of the topic whose [`topic_hash`] is `hash`: the
+    /// trie-wide generation plus the topic's bucket epoch (see the module
+    /// docs). Both only grow, so the sum changes whenever either does.
     #[inline]
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
+    pub(crate) fn stamp(&self, hash: u64) -> u64 {
+        self.generation.load(Ordering::Acquire) + self.topic_epoch(hash).load(Ordering::Acquire)
     }
 
-    fn bump(&self) {
-        self.generation.fetch_add(1, Ordering::Release);
+    #[inline]
+    fn topic_epoch(&self, hash: u64) -> &AtomicU64 {
+        &self.topic_epochs[hash as usize & (TOPIC_EPOCHS - 1)]
+    }
+
+    /// Called after `filter`'s node gained its first subscription or lost its
+    /// last, once the new root is visible: changes the stamp of every topic
+    /// the filter matches.
+    fn invalidate(&self, filter: &str) {
+        if filter.contains(['+', '#']) {
+            self.generation.fetch_add(1, Ordering::Release);
+        } else {
+            self.topic_epoch(topic_hash(filter))
+                .fetch_add(1, Ordering::Release);
+        }
     }
 
     /// Nodes below the root (for leak checks).
@@ -365,10 +400,11 @@ impl<T: 'static> Trie<T> {
     }
 
     /// Everything `topic` (a valid topic name) reaches.
-    pub(crate) fn matched(&self, topic: &str) -> Matched<T> {
-        let generation = self.generation();
+    /// `hash` is the topic's [`topic_hash`].
+    pub(crate) fn matched(&self, topic: &str, hash: u64) -> Matched<T> {
+        let stamp = self.stamp(hash);
         let mut matched = Matched {
-            generation,
+            stamp,
             nodes: Vec::new(),
         };
         let root = self.root.load_full();
@@ -378,11 +414,11 @@ impl<T: 'static> Trie<T> {
 
     /// Every node whose filter overlaps `filter` (a valid, non-shared
     /// filter): shares at least one topic name with it. For requests
-    /// published to a filter (`request.rs`).
+    /// published to a filter (`request.rs`; such routes are not cached, and
+    /// their stamp is never checked).
     pub(crate) fn overlapping(&self, filter: &str) -> Matched<T> {
-        let generation = self.generation();
         let mut matched = Matched {
-            generation,
+            stamp: 0,
             nodes: Vec::new(),
         };
         let root = self.root.load_full();
@@ -567,7 +603,7 @@ impl<T: 'static> Trie<T> {
         let mut created = 0isize;
         let new_root = with_subs(&root, filter.split('/'), Some(subs), &mut created);
         released.roots.push(root);
-        self.replace_root(new_root, created, released);
+        self.replace_root(filter, new_root, created, released);
         Ok(())
     }
 
@@ -646,7 +682,7 @@ impl<T: 'static> Trie<T> {
             let mut created = 0isize;
             let new_root = with_subs(&root, filter.split('/'), None, &mut created);
             released.roots.push(root);
-            self.replace_root(new_root, created, released);
+            self.replace_root(filter, new_root, created, released);
         } else if (entry.owns_resources() && set.len() <= EAGER_COMPACTION_LEN)
             || set.dead() >= MIN_DEAD_BEFORE_REBUILD.max(set.live())
         {
@@ -676,10 +712,18 @@ impl<T: 'static> Trie<T> {
         drop(released);
     }
 
-    fn replace_root(&self, root: Option<Node<T>>, created: isize, released: &mut Released<T>) {
+    /// Installs the root made by giving `filter`'s node its first
+    /// subscription or taking its last.
+    fn replace_root(
+        &self,
+        filter: &str,
+        root: Option<Node<T>>,
+        created: isize,
+        released: &mut Released<T>,
+    ) {
         let old = self.root.swap(Arc::new(root.unwrap_or_else(Node::empty)));
         released.roots.push(old);
-        self.bump();
+        self.invalidate(filter);
         if created >= 0 {
             self.nodes
                 .fetch_add(created.unsigned_abs(), Ordering::Relaxed);
