@@ -47,7 +47,7 @@ use crate::dispatch::{Dispatcher, Env, Fanout, Policy, TaskGauge};
 use crate::message::Message;
 use crate::registry::entry::{HandlerEntry, Subscriber, SyncSink};
 use crate::registry::mailbox::Mailbox;
-use crate::registry::route::{Route, RouteCache};
+use crate::registry::route::RouteCache;
 use crate::registry::trie::{Handlers, Trie};
 use crate::stats::Counters;
 
@@ -68,15 +68,17 @@ fn insert(trie: &Trie<u32>, filter: &str, entry: HandlerEntry<u32>) {
     assert!(trie.insert::<Handlers>(filter, |_| entry).is_ok());
 }
 
-/// Ids of the active handler subscriptions a route reaches.
-fn active_ids(route: &Route<u32>) -> Vec<u64> {
-    route
-        .handler_sets()
-        .iter()
-        .flat_map(|set| set.entries(set.len()))
-        .filter(|entry| entry.is_active())
-        .map(|entry| entry.id())
-        .collect()
+/// A thread looking up `topic` (warming its cache slot) while the model's
+/// thread changes the trie.
+fn spawn_lookup(
+    trie: &Arc<Trie<u32>>,
+    cache: &Arc<RouteCache<u32>>,
+    topic: &'static str,
+) -> thread::JoinHandle<()> {
+    let (trie, cache) = (Arc::clone(trie), Arc::clone(cache));
+    thread::spawn(move || {
+        cache.route(&trie, topic);
+    })
 }
 
 /// `before` subscribers on "a/b", a warm cache, then a reader thread looking
@@ -88,14 +90,9 @@ fn race_lookup(before: u64, change: impl Fn(&Trie<u32>), check: impl Fn(Vec<u64>
         insert(&trie, "a/b", handler(id));
     }
     cache.route(&trie, "a/b");
-    let reader = {
-        let (trie, cache) = (Arc::clone(&trie), Arc::clone(&cache));
-        thread::spawn(move || {
-            cache.route(&trie, "a/b");
-        })
-    };
+    let reader = spawn_lookup(&trie, &cache, "a/b");
     change(&trie);
-    check(active_ids(&cache.route(&trie, "a/b")));
+    check(cache.route(&trie, "a/b").active_ids());
     reader.join().unwrap();
 }
 
@@ -131,14 +128,9 @@ fn loom_lookup_after_a_new_exact_node_sees_it() {
         let cache = Arc::new(RouteCache::<u32>::new(2));
         insert(&trie, "a/+", handler(1));
         cache.route(&trie, "a/b");
-        let reader = {
-            let (trie, cache) = (Arc::clone(&trie), Arc::clone(&cache));
-            thread::spawn(move || {
-                cache.route(&trie, "a/b");
-            })
-        };
+        let reader = spawn_lookup(&trie, &cache, "a/b");
         insert(&trie, "a/b", handler(9));
-        let ids = active_ids(&cache.route(&trie, "a/b"));
+        let ids = cache.route(&trie, "a/b").active_ids();
         assert!(ids.contains(&9) && ids.contains(&1), "{ids:?}");
         reader.join().unwrap();
     });
@@ -165,14 +157,9 @@ fn loom_lookup_after_a_remove_never_sees_it() {
         insert(&trie, "a/b", Arc::clone(&victim) as HandlerEntry<u32>);
         insert(&trie, "a/+", handler(2));
         cache.route(&trie, "a/b");
-        let reader = {
-            let (trie, cache) = (Arc::clone(&trie), Arc::clone(&cache));
-            thread::spawn(move || {
-                cache.route(&trie, "a/b");
-            })
-        };
+        let reader = spawn_lookup(&trie, &cache, "a/b");
         assert!(trie.remove::<Handlers>("a/b", false, &*victim));
-        let ids = active_ids(&cache.route(&trie, "a/b"));
+        let ids = cache.route(&trie, "a/b").active_ids();
         assert_eq!(ids, [2]);
         reader.join().unwrap();
     });

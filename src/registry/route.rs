@@ -110,6 +110,17 @@ impl<T> Route<T> {
         sets
     }
 
+    /// Ids of the active handler subscriptions the route reaches now.
+    #[cfg(test)]
+    pub(crate) fn active_ids(&self) -> Vec<u64> {
+        self.handler_sets()
+            .iter()
+            .flat_map(|set| set.entries(set.len()))
+            .filter(|entry| entry.is_active())
+            .map(|entry| entry.id())
+            .collect()
+    }
+
     /// Subscriptions a publish to this route would reach now.
     #[inline]
     pub(crate) fn subscribers(&self) -> usize {
@@ -205,16 +216,6 @@ mod tests {
         entry
     }
 
-    fn ids(route: &Route<u32>) -> Vec<u64> {
-        route
-            .handler_sets()
-            .iter()
-            .flat_map(|set| set.entries(set.len()))
-            .filter(|entry| entry.is_active())
-            .map(|entry| entry.id())
-            .collect()
-    }
-
     #[test]
     fn an_exact_subscription_coming_and_going_leaves_other_routes_cached() {
         let (trie, cache) = (Trie::<u32>::new(), RouteCache::<u32>::new(64));
@@ -222,9 +223,9 @@ mod tests {
         let warm = cache.route(&trie, "orders/created");
         // A request's reply topic: a node made, then pruned.
         let reply = subscribe(&trie, "$reply/1/7", 2);
-        assert_eq!(ids(&cache.route(&trie, "$reply/1/7")), [2]);
+        assert_eq!(cache.route(&trie, "$reply/1/7").active_ids(), [2]);
         assert!(trie.remove::<Handlers>("$reply/1/7", false, &*reply));
-        assert!(ids(&cache.route(&trie, "$reply/1/7")).is_empty());
+        assert!(cache.route(&trie, "$reply/1/7").active_ids().is_empty());
         assert!(
             Arc::ptr_eq(&warm, &cache.route(&trie, "orders/created")),
             "an exact filter elsewhere must not invalidate this route"
@@ -233,21 +234,21 @@ mod tests {
         subscribe(&trie, "orders/+", 3);
         let rebuilt = cache.route(&trie, "orders/created");
         assert!(!Arc::ptr_eq(&warm, &rebuilt));
-        assert_eq!(ids(&rebuilt), [1, 3]);
+        assert_eq!(rebuilt.active_ids(), [1, 3]);
     }
 
     #[test]
     fn an_exact_subscription_reaches_its_own_cached_route() {
         let (trie, cache) = (Trie::<u32>::new(), RouteCache::<u32>::new(64));
         subscribe(&trie, "a/#", 1);
-        assert_eq!(ids(&cache.route(&trie, "a/b")), [1]);
+        assert_eq!(cache.route(&trie, "a/b").active_ids(), [1]);
         // A new node for exactly this topic.
         let exact = subscribe(&trie, "a/b", 2);
-        let mut reached = ids(&cache.route(&trie, "a/b"));
+        let mut reached = cache.route(&trie, "a/b").active_ids();
         reached.sort_unstable();
         assert_eq!(reached, [1, 2]);
         // Its last subscription gone: the route no longer holds the node.
         assert!(trie.remove::<Handlers>("a/b", false, &*exact));
-        assert_eq!(ids(&cache.route(&trie, "a/b")), [1]);
+        assert_eq!(cache.route(&trie, "a/b").active_ids(), [1]);
     }
 }
