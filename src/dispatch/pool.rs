@@ -27,7 +27,10 @@
 //!   a worker that turns free at any moment joins in.
 //! - A worker whose own queue is empty takes tickets from the others' before
 //!   it waits, so a slow handler holds up only the worker it is on while
-//!   another has nothing to do. It waits on its own queue only; a publisher
+//!   another has nothing to do. It takes a chunk ticket with the same
+//!   chunk of the publishes queued behind it there, as a batch of at most
+//!   half of what that queue holds (work stealing's rule: the owner keeps
+//!   the rest). It waits on its own queue only; a publisher
 //!   that queues for a busy worker while another waits wakes that one to
 //!   help. Under a burst no worker waits, so each runs its own chunks.
 //!
@@ -320,7 +323,11 @@ pub(crate) const MAX_BATCH: usize = 8;
 fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<Env>) {
     // A ticket taken while gathering a batch that did not fit it.
     let mut stash = None;
-    while let Some(ticket) = stash.take().or_else(|| next_ticket(me, shared)) {
+    while let Some((ticket, from)) = stash
+        .take()
+        .map(|ticket| (ticket, me))
+        .or_else(|| next_ticket(me, shared))
+    {
         let (job, chunk) = match ticket {
             Ticket::Run(job) => (job, None),
             Ticket::Chunk(job, chunk) => (job, Some(chunk)),
@@ -335,7 +342,7 @@ fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<
         let mut tally = Tally::default();
         match chunk {
             Some(chunk) => {
-                let more = gather_batch(me, shared, &job, chunk, &mut stash);
+                let more = gather_batch(me, from, shared, &job, chunk, &mut stash);
                 if more.is_empty() {
                     job.run_chunk(env, &mut runner, &mut tally, chunk);
                 } else {
@@ -351,25 +358,47 @@ fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<
     }
 }
 
-/// The tickets queued right behind chunk `chunk` of `job` on worker `me`'s
-/// own queue that are the same chunk of publishes with the same chunks (a
-/// burst to one topic), up to [`MAX_BATCH`] with `job`: run together, they
-/// walk the subscriptions once (see [`Fanout::run_chunk_batch`]). The first
-/// ticket that does not fit is left in `stash`. Only what is already queued
-/// is taken, so a lone publish runs as soon as it comes, as before.
+/// The tickets queued right behind chunk `chunk` of `job` on queue `from`
+/// (worker `me`'s own, or the one it took `job` from) that are the same
+/// chunk of publishes with the same chunks (a burst to one topic), up to
+/// [`MAX_BATCH`] with `job`: run together, they walk the subscriptions once
+/// (see [`Fanout::run_chunk_batch`]). The first ticket that does not fit is
+/// left in `stash`. Only what is already queued is taken, so a lone publish
+/// runs as soon as it comes, as before.
+///
+/// A worker helping another takes a batch too, of at most half of what that
+/// worker has left: one ticket at a time, it would walk that worker's
+/// subscriptions a publish at a time beside it, and an ordered subscription
+/// would take a runner's turn per message.
 fn gather_batch<T: Send + Sync + 'static>(
     me: usize,
+    from: usize,
     shared: &Shared<T>,
     job: &Fanout<T>,
     chunk: usize,
     stash: &mut Option<Ticket<T>>,
 ) -> SmallVec<[Arc<Fanout<T>>; MAX_BATCH]> {
     let mut more = SmallVec::new();
-    while more.len() + 1 < MAX_BATCH {
-        match shared.tickets[me].try_recv() {
+    // A helper takes at most half of what is left, as work stealing does:
+    // the owner, still at work on its own batch, runs the rest.
+    let limit = if from == me {
+        MAX_BATCH - 1
+    } else {
+        (shared.queues[from].len() / 2).min(MAX_BATCH - 1)
+    };
+    while more.len() < limit {
+        match shared.tickets[from].try_recv() {
             Ok(Ticket::Chunk(next, c)) if c == chunk && job.same_chunks(&next) => more.push(next),
-            // A wake-up is no work, and this worker is awake.
-            Ok(Ticket::Wake) => shared.took(me, &Ticket::Wake),
+            Ok(Ticket::Wake) => {
+                shared.took(from, &Ticket::Wake);
+                if from != me {
+                    // Another worker's wake-up is its own (see
+                    // `look_for_ticket`).
+                    shared.wake(from);
+                    break;
+                }
+                // A wake-up is no work, and this worker is awake.
+            }
             Ok(other) => {
                 *stash = Some(other);
                 break;
@@ -377,26 +406,37 @@ fn gather_batch<T: Send + Sync + 'static>(
             Err(_) => break,
         }
     }
+    if from != me && !more.is_empty() && shared.stopping.load(Ordering::SeqCst) {
+        // As for the ticket itself (see `look_for_ticket`).
+        shared.wake(from);
+    }
     more
 }
 
 /// The next ticket for worker `me`: its own queue first, then the others';
 /// waits on its own when all are empty. `None` once stopping and all empty.
-fn next_ticket<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> Option<Ticket<T>> {
+fn next_ticket<T: Send + Sync + 'static>(
+    me: usize,
+    shared: &Shared<T>,
+) -> Option<(Ticket<T>, usize)> {
     let ticket = look_for_ticket(me, shared);
     // A wake-up is no work: the worker stays free through it.
-    let work = matches!(ticket, Some(Ticket::Run(_) | Ticket::Chunk(..)));
+    let work = matches!(ticket, Some((Ticket::Run(_) | Ticket::Chunk(..), _)));
     if work && shared.free[me].load(Ordering::Relaxed) {
         shared.free[me].store(false, Ordering::SeqCst);
     }
     ticket
 }
 
-fn look_for_ticket<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> Option<Ticket<T>> {
+/// [`next_ticket`]'s search: the ticket, and the queue it came from.
+fn look_for_ticket<T: Send + Sync + 'static>(
+    me: usize,
+    shared: &Shared<T>,
+) -> Option<(Ticket<T>, usize)> {
     let workers = shared.tickets.len();
     if let Ok(ticket) = shared.tickets[me].try_recv() {
         shared.took(me, &ticket);
-        return Some(ticket);
+        return Some((ticket, me));
     }
     if !shared.free[me].load(Ordering::Relaxed) {
         shared.free[me].store(true, Ordering::SeqCst);
@@ -421,7 +461,7 @@ fn look_for_ticket<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> O
                     // there is room.)
                     shared.wake(other);
                 }
-                return Some(ticket);
+                return Some((ticket, other));
             }
             Err(_) => {}
         }
@@ -436,7 +476,7 @@ fn look_for_ticket<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> O
         shared.idle.fetch_sub(1, Ordering::SeqCst);
         shared.waiting[me].store(false, Ordering::SeqCst);
         shared.woken[me].store(false, Ordering::SeqCst);
-        return Some(Ticket::Run(job));
+        return Some((Ticket::Run(job), me));
     }
     // Disconnected (every handle gone): the caller looks again, and stops
     // once all is run.
@@ -450,7 +490,7 @@ fn look_for_ticket<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> O
     shared.idle.fetch_sub(1, Ordering::SeqCst);
     shared.waiting[me].store(false, Ordering::SeqCst);
     shared.woken[me].store(false, Ordering::SeqCst);
-    Some(ticket)
+    Some((ticket, me))
 }
 
 /// A runner on a worker thread, or on a publisher the queue had no room for.
@@ -485,6 +525,72 @@ impl<T: Send + Sync + 'static> Runner<T> for PoolRunner<'_, T> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::config::{Config, DeliveryMode};
+    use crate::dispatch::Policy;
+    use crate::message::Message;
+    use crate::registry::entry::{HandlerEntry, Subscriber, SyncSink};
+    use crate::registry::route::RouteCache;
+    use crate::registry::trie::{Handlers, Trie};
+
+    /// Publishes to `handlers` no-op handlers on one topic, cut into chunks.
+    fn chunked_jobs(handlers: u64, publishes: u32) -> Vec<Arc<Fanout<u32>>> {
+        let config = Config {
+            delivery: DeliveryMode::WorkerPool,
+            workers: 2,
+            ..Config::default()
+        };
+        let trie = Trie::<u32>::new();
+        for id in 0..handlers {
+            let entry: HandlerEntry<u32> =
+                Arc::new(Subscriber::new(id, SyncSink(|_: &Message<u32>| {})));
+            assert!(trie.insert::<Handlers>("t", |_| entry).is_ok());
+        }
+        let cache = RouteCache::<u32>::new(2);
+        (0..publishes)
+            .map(|n| {
+                let sets = cache.route(&trie, "t").handler_sets();
+                let job = Fanout::new(
+                    Arc::new(Message::new("t", n)),
+                    sets,
+                    Default::default(),
+                    &Policy::new(&config),
+                )
+                .unwrap();
+                assert!(job.plan().unit > 1, "cut into chunks");
+                Arc::new(job)
+            })
+            .collect()
+    }
+
+    /// A worker with nothing of its own takes a batch from a busy one, as
+    /// the owner would: at most half of what is left, so the owner keeps
+    /// the rest. One ticket at a time, it walked the owner's subscriptions
+    /// a publish at a time beside it (an ordered subscription then took a
+    /// runner's turn per message).
+    #[test]
+    fn a_helper_takes_half_of_a_busy_workers_queue_as_one_batch() {
+        let shared = Shared::<u32>::new(2, 16);
+        for job in chunked_jobs(100, 7) {
+            assert!(shared.push(1, Ticket::Chunk(job, 1)).is_ok());
+        }
+        let Some((Ticket::Chunk(job, chunk), from)) = look_for_ticket(0, &shared) else {
+            panic!("worker 0 takes worker 1's chunk");
+        };
+        assert_eq!((from, chunk), (1, 1));
+        let mut stash = None;
+        let more = gather_batch(0, from, &shared, &job, chunk, &mut stash);
+        assert_eq!(more.len(), 3, "half of the 6 left");
+        assert!(stash.is_none());
+        assert_eq!(shared.queues[1].len(), 3, "the owner keeps the rest");
+        // The owner gathers what is left of its own queue.
+        let Some((Ticket::Chunk(job, chunk), from)) = look_for_ticket(1, &shared) else {
+            panic!("worker 1 takes its own chunk");
+        };
+        assert_eq!(from, 1);
+        let more = gather_batch(1, from, &shared, &job, chunk, &mut stash);
+        assert_eq!(more.len(), 2);
+        assert!(shared.queues[1].is_empty());
+    }
 
     #[test]
     fn a_stale_wake_up_takes_no_place_of_work() {
