@@ -406,8 +406,10 @@ fn gather_batch<T: Send + Sync + 'static>(
             Err(_) => break,
         }
     }
-    if from != me && !more.is_empty() && shared.stopping.load(Ordering::SeqCst) {
-        // As for the ticket itself (see `look_for_ticket`).
+    let took_work = !more.is_empty() || stash.is_some();
+    if from != me && took_work && shared.stopping.load(Ordering::SeqCst) {
+        // As for the ticket itself (see `look_for_ticket`): a ticket left in
+        // `stash` came from that queue too.
         shared.wake(from);
     }
     more
