@@ -41,6 +41,19 @@ use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 /// The most units a runner claims at once below the threshold.
 pub(crate) const MAX_GRAIN: usize = 64;
 
+/// The most publishes a worker runs as one batch
+/// ([`Fanout::run_chunk_batch`]).
+///
+/// The batch's walk and an ordered subscription's runner turn are paid once
+/// per batch, so a bigger one costs less per delivery: from 8 to 64, 1,000
+/// ordered handlers went from 1.5-1.7x to 1.0-1.4x the time of unordered
+/// ones, and 500 handlers on counters of their own from 383-391 to 469-474
+/// M deliveries/s (`docs/design-notes.md`, thirteenth session). The price is
+/// what a stalled handler holds up: the rest of its chunk for up to
+/// `MAX_BATCH - 1` publishes taken with it, which no other worker can take
+/// over; the same bound as a grain's below the threshold ([`MAX_GRAIN`]).
+pub(crate) const MAX_BATCH: usize = 64;
+
 /// A unit that takes less than this counts as cheap enough to claim in grains.
 pub(crate) const FAST_UNIT: Duration = Duration::from_micros(1);
 
@@ -249,7 +262,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             // The jobs' messages with their positions in this set's ordered
             // log, for ordered subscriptions to take as one (none if the
             // set has no log).
-            let mut ordered = SmallVec::<[(&Arc<Message<T>>, u64); 8]>::new();
+            let mut ordered = SmallVec::<[(&Arc<Message<T>>, u64); MAX_BATCH]>::new();
             if jobs
                 .iter()
                 .any(|job| job.position(set_index) != NO_POSITION)

@@ -26,8 +26,8 @@
 //!   about to wait, and the runner wakes a waiting worker after posting, so
 //!   a worker that turns free at any moment joins in.
 //! - A worker whose own queue is empty takes tickets from the others' before
-//!   it waits, so a slow handler holds up only the worker it is on while
-//!   another has nothing to do. It takes a chunk ticket with the same
+//!   it waits, so a slow handler holds up only the worker it is on (and the
+//!   rest of the batch it runs) while another has nothing to do. It takes a chunk ticket with the same
 //!   chunk of the publishes queued behind it there, as a batch of at most
 //!   half of what that queue holds (work stealing's rule: the owner keeps
 //!   the rest). It waits on its own queue only; a publisher
@@ -46,6 +46,7 @@
 
 use std::sync::Arc;
 
+use super::fanout::MAX_BATCH;
 use super::pending::{self, Place};
 use super::{caller_runs, refused, Env, Fanout, Runner};
 use crate::config::Overflow;
@@ -316,9 +317,6 @@ impl<T> Drop for Pool<T> {
         self.shut_down();
     }
 }
-
-/// The most chunk tickets a worker runs as one batch.
-pub(crate) const MAX_BATCH: usize = 8;
 
 fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<Env>) {
     // A ticket taken while gathering a batch that did not fit it.
