@@ -57,6 +57,17 @@ pub(crate) const MAX_BATCH: usize = 64;
 /// A unit that takes less than this counts as cheap enough to claim in grains.
 pub(crate) const FAST_UNIT: Duration = Duration::from_micros(1);
 
+/// What of a job a runner runs by itself, claiming nothing (and so enlisting
+/// no helper).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// Chunk `c` of a job cut into chunks.
+    Chunk(usize),
+    /// Every delivery of a job planned for one claiming runner (below the
+    /// threshold), taken before any runner started on it.
+    Whole,
+}
+
 /// Lengths of the route's handler sets, read once at publish.
 type Lens = SmallVec<[usize; 4]>;
 
@@ -189,6 +200,22 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         start..(start + self.plan.unit).min(self.total)
     }
 
+    /// Deliveries of `part`.
+    fn part_range(&self, part: Part) -> Range<usize> {
+        match part {
+            Part::Chunk(chunk) => self.chunk_range(chunk),
+            Part::Whole => 0..self.total,
+        }
+    }
+
+    /// Whether the job is planned for one runner that claims units and
+    /// enlists helpers (below the threshold, `Batch::Chunked`): such a job,
+    /// taken from a queue before anyone ran it, may run [`Part::Whole`] in
+    /// a batch instead.
+    pub(crate) fn has_one_claiming_runner(&self) -> bool {
+        self.plan.runners == 1 && self.plan.unit == 1 && !self.plan.single_claim
+    }
+
     /// Whether `other`'s chunks hold the same deliveries as this job's: the
     /// same handler sets, read at the same lengths, cut the same way (two
     /// publishes to one topic while no subscription came or went).
@@ -203,9 +230,11 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                 .all(|(a, b)| Arc::ptr_eq(a, b))
     }
 
-    /// Runs chunk `chunk` of every job in `jobs` (consecutive publishes whose
+    /// Runs `part` of every job in `jobs` (consecutive publishes whose
     /// chunks hold the same deliveries: see [`Self::same_chunks`]) and
-    /// nothing else, then adds what it did to `tally`.
+    /// nothing else, then adds what it did to `tally`. Under
+    /// [`Part::Whole`], no other runner may have seen the jobs: this one
+    /// runs them all, claiming nothing.
     ///
     /// Subscription by subscription: each one's deliveries of all the jobs
     /// run back to back, in the jobs' order, before the next subscription's.
@@ -219,13 +248,20 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         env: &Env,
         runner: &mut impl Runner<T>,
         tally: &mut Tally,
-        chunk: usize,
+        part: Part,
     ) {
         let Some(first) = jobs.first() else {
             return;
         };
         debug_assert!(jobs.iter().all(|job| first.same_chunks(job)));
-        let range = first.chunk_range(chunk);
+        debug_assert!(
+            part != Part::Whole
+                || jobs
+                    .iter()
+                    .all(|job| job.has_one_claiming_runner()
+                        && job.next.load(Ordering::Relaxed) == 0)
+        );
+        let range = first.part_range(part);
         // Every flag check and handler call of this run happens while present.
         let _present = env.quiescence.enter();
         let claimed = range.len() * jobs.len();
@@ -692,7 +728,7 @@ mod tests {
     use std::sync::atomic::{AtomicU64, AtomicUsize as StdAtomicUsize};
     use std::sync::Arc;
 
-    use super::{Fanout, Runner};
+    use super::{Fanout, Part, Runner};
     use crate::config::{Config, DeliveryMode, Overflow};
     use crate::dispatch::{Env, Policy, TaskGauge};
     use crate::message::Message;
@@ -789,11 +825,21 @@ mod tests {
     /// with the next delivery, and counts as three single runs would.
     #[test]
     fn a_batch_runs_each_subscription_in_order_and_counts_like_single_runs() {
+        batch_runs_in_order_and_counts(1, Part::Chunk(0));
+    }
+
+    /// The same below the threshold, where the batch takes whole jobs.
+    #[test]
+    fn a_batch_of_whole_jobs_runs_in_order_and_counts_like_single_runs() {
+        batch_runs_in_order_and_counts(100, Part::Whole);
+    }
+
+    fn batch_runs_in_order_and_counts(threshold: usize, part: Part) {
         use std::sync::Mutex;
         const HANDLERS: u64 = 6;
         let config = Config {
             delivery: DeliveryMode::WorkerPool,
-            max_concurrent_subscriptions: 1,
+            max_concurrent_subscriptions: threshold,
             ..Config::default()
         };
         let env = Env {
@@ -835,13 +881,16 @@ mod tests {
                 )
             })
             .collect();
-        assert!(jobs[0].plan().unit == HANDLERS as usize, "one chunk");
+        match part {
+            Part::Chunk(_) => assert!(jobs[0].plan().unit == HANDLERS as usize, "one chunk"),
+            Part::Whole => assert!(jobs.iter().all(|job| job.has_one_claiming_runner())),
+        }
         assert!(jobs.iter().all(|job| jobs[0].same_chunks(job)));
         let mut runner = LonelyRunner {
             claims: StdAtomicUsize::new(0),
         };
         let mut tally = Tally::default();
-        Fanout::run_chunk_batch(&jobs, &env, &mut runner, &mut tally, 0);
+        Fanout::run_chunk_batch(&jobs, &env, &mut runner, &mut tally, part);
         let seen = seen.lock().unwrap().clone();
         let expected: Vec<_> = (0..HANDLERS)
             .filter(|&id| id != 4)

@@ -38,7 +38,9 @@
 //!   bench reproduces);
 //! - `Batch::Chunked` below the threshold: one, which enlists a helper runner
 //!   whenever units remain, fewer than `workers` runners are on the job, and
-//!   the mode has an idle worker (or task slot) right now;
+//!   the mode has an idle worker (or task slot) right now (in `WorkerPool`,
+//!   a job queued behind another to the same subscriptions runs whole with
+//!   it, in one batch: see `pool.rs`);
 //! - `Batch::Chunked` above the threshold: in `WorkerPool`, one per chunk,
 //!   and chunk `c` always runs on worker `c % workers` (see `pool.rs`: a
 //!   subscription's deliveries stay on one core, publish after publish); in
