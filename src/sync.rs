@@ -202,6 +202,10 @@ pub(crate) mod channel {
                 self.0.state.lock().unwrap().items.len()
             }
 
+            pub(crate) fn is_empty(&self) -> bool {
+                self.len() == 0
+            }
+
             pub(crate) fn send(&self, item: T) -> Result<(), T> {
                 let mut state = self.0.state.lock().unwrap();
                 loop {

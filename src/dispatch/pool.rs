@@ -33,12 +33,13 @@
 //!   a worker that turns free at any moment joins in.
 //! - A worker whose own queue is empty takes tickets from the others' before
 //!   it waits, so a slow handler holds up only the worker it is on (and the
-//!   rest of the batch it runs) while another has nothing to do. It takes a chunk ticket with the same
-//!   chunk of the publishes queued behind it there, as a batch of at most
-//!   half of what that queue holds (work stealing's rule: the owner keeps
-//!   the rest). It waits on its own queue only; a publisher
-//!   that queues for a busy worker while another waits wakes that one to
-//!   help. Under a burst no worker waits, so each runs its own chunks.
+//!   rest of the batch it runs) while another has nothing to do. It takes
+//!   a ticket with the same part of the publishes queued behind it there,
+//!   as a batch of at most half of what that queue holds (work stealing's
+//!   rule: the owner keeps the rest). It waits on its own queue only; a
+//!   publisher that queues for a busy worker while another waits wakes that
+//!   one to help. Under a burst no worker waits, so each runs its own
+//!   chunks.
 //!
 //! A queue holds `queue_capacity / workers` tickets (at least one); a ticket
 //! is one runner of one publish (an `Arc` of its job), so a burst costs no
@@ -364,10 +365,9 @@ fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<
             place: Place::Worker,
         };
         let mut tally = Tally::default();
-        let more = match part {
-            Some(part) => gather_batch(me, from, shared, &job, part, &mut stash),
-            None => SmallVec::new(),
-        };
+        let more = part.map_or_else(SmallVec::new, |part| {
+            gather_batch(me, from, shared, &job, part, &mut stash)
+        });
         match part {
             Some(part) if !more.is_empty() => {
                 let mut batch = SmallVec::<[Arc<Fanout<T>>; MAX_BATCH]>::new();
@@ -412,7 +412,8 @@ fn gather_batch<T: Send + Sync + 'static>(
     } else {
         (shared.queues[from].len() / 2).min(MAX_BATCH - 1)
     };
-    while more.len() < limit {
+    // Nothing queued behind (a lone publish): no room to hold and give back.
+    while more.len() < limit && !shared.queues[from].is_empty() {
         // Held before it is taken, so the room is never counted twice.
         shared.held[from].fetch_add(1, Ordering::SeqCst);
         let taken = shared.tickets[from].try_recv();
