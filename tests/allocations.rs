@@ -1,0 +1,106 @@
+//! Allocations a publish makes on the publisher's thread, counted by a
+//! global allocator: upper bounds on the hot path, so a change that adds
+//! allocations to every publish fails here and not only in a bench.
+//!
+//! Only the calling thread's allocations are counted (a thread-local
+//! count), so worker threads and the test harness do not blur them.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use blazesub::{Bus, DeliveryMode, Receiver, StreamOptions, StreamOverflow};
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The system allocator, counting each thread's allocations.
+struct Counting;
+
+fn count() {
+    // `try_with`: a thread being torn down has no count left to keep.
+    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+}
+
+// SAFETY: every call is forwarded unchanged to `System`; counting touches a
+// const-initialised thread-local `Cell`, which never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count();
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+const STREAMS: usize = 100;
+const PUBLISHES: u64 = 20;
+
+/// Allocations per publish on this thread, to `STREAMS` streams of one
+/// policy, each read empty after every publish (so lossless ones never
+/// wait). The first publish warms the route cache and is not counted.
+fn per_publish(overflow: StreamOverflow) -> f64 {
+    let bus = Bus::<u64>::builder()
+        .delivery(DeliveryMode::Inline)
+        .build()
+        .expect("bus");
+    let mut receivers: Vec<Receiver<u64>> = (0..STREAMS)
+        .map(|_| {
+            bus.subscribe_stream_with("alloc/t", StreamOptions::new(64).overflow(overflow))
+                .expect("subscribe")
+        })
+        .collect();
+    let drain = |receivers: &mut Vec<Receiver<u64>>| {
+        for rx in receivers.iter_mut() {
+            while rx.try_recv().is_ok() {}
+        }
+    };
+    bus.publish("alloc/t", 0).expect("publish");
+    drain(&mut receivers);
+    let mut counted = 0;
+    for n in 1..=PUBLISHES {
+        let before = allocations();
+        bus.publish("alloc/t", n).expect("publish");
+        counted += allocations() - before;
+        drain(&mut receivers);
+    }
+    counted as f64 / PUBLISHES as f64
+}
+
+/// A drop-oldest publish allocates its message and nothing else.
+#[test]
+fn a_lossy_publish_to_a_hundred_streams_allocates_its_message_only() {
+    let per = per_publish(StreamOverflow::DropOldest);
+    assert!(per <= 1.0, "{per} allocations per publish");
+}
+
+/// A lossless publish also records the room it took in each mailbox: one
+/// list, allocated once at its full size, not grown by doubling.
+#[test]
+fn a_lossless_publish_to_a_hundred_streams_allocates_twice_at_most() {
+    let per = per_publish(StreamOverflow::Backpressure);
+    assert!(per <= 2.0, "{per} allocations per publish");
+}
