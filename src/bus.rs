@@ -846,10 +846,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         if validate_topic(topic).is_err() {
             return 0;
         }
-        self.inner
-            .routes
-            .route(&self.inner.trie, topic)
-            .subscribers()
+        self.inner.routes.subscribers(&self.inner.trie, topic)
     }
 
     /// Live subscriptions (handlers and streams).

@@ -175,6 +175,27 @@ impl<T: 'static> RouteCache<T> {
         route
     }
 
+    /// How many subscriptions a publish to `topic` would reach now: as
+    /// [`Self::route`], but a hit is read in place, without taking a
+    /// reference to the cached route (a read-modify-write on its count and
+    /// another to drop it, most of an interest query's cost).
+    pub(crate) fn subscribers(&self, trie: &Trie<T>, topic: &str) -> usize {
+        let hash = topic_hash(topic);
+        if !self.slots.is_empty() {
+            let stamp = trie.stamp(hash);
+            let slot = &self.slots[hash as usize & (self.slots.len() - 1)];
+            let hit = slot.with(|cached| {
+                cached
+                    .filter(|r| r.stamp == stamp && &*r.topic == topic)
+                    .map(|r| r.subscribers())
+            });
+            if let Some(count) = hit {
+                return count;
+            }
+        }
+        self.route(trie, topic).subscribers()
+    }
+
     /// Slots holding a route at its topic's current stamp (for leak checks).
     pub(crate) fn current_entries(&self, trie: &Trie<T>) -> usize {
         self.slots
