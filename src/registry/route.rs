@@ -157,22 +157,8 @@ impl<T: 'static> RouteCache<T> {
     /// current one, else from the trie (and then cached).
     pub(crate) fn route(&self, trie: &Trie<T>, topic: &str) -> Arc<Route<T>> {
         let hash = topic_hash(topic);
-        if self.slots.is_empty() {
-            return Arc::new(build(trie, topic, hash));
-        }
-        let stamp = trie.stamp(hash);
-        let slot = &self.slots[hash as usize & (self.slots.len() - 1)];
-        let hit = slot.with(|cached| {
-            cached
-                .filter(|r| r.stamp == stamp && &*r.topic == topic)
-                .cloned()
-        });
-        if let Some(route) = hit {
-            return route;
-        }
-        let route = Arc::new(build(trie, topic, hash));
-        slot.store(Some(Arc::clone(&route)));
-        route
+        self.cached(trie, topic, hash, Arc::clone)
+            .unwrap_or_else(|| self.build_and_cache(trie, topic, hash))
     }
 
     /// How many subscriptions a publish to `topic` would reach now: as
@@ -181,19 +167,41 @@ impl<T: 'static> RouteCache<T> {
     /// another to drop it, most of an interest query's cost).
     pub(crate) fn subscribers(&self, trie: &Trie<T>, topic: &str) -> usize {
         let hash = topic_hash(topic);
-        if !self.slots.is_empty() {
-            let stamp = trie.stamp(hash);
-            let slot = &self.slots[hash as usize & (self.slots.len() - 1)];
-            let hit = slot.with(|cached| {
-                cached
-                    .filter(|r| r.stamp == stamp && &*r.topic == topic)
-                    .map(|r| r.subscribers())
-            });
-            if let Some(count) = hit {
-                return count;
-            }
+        self.cached(trie, topic, hash, |route| route.subscribers())
+            .unwrap_or_else(|| self.build_and_cache(trie, topic, hash).subscribers())
+    }
+
+    /// `read` of the cached route for `topic`, if the cache holds a current
+    /// one (`None` when it is disabled, empty, stale or another topic's).
+    fn cached<R>(
+        &self,
+        trie: &Trie<T>,
+        topic: &str,
+        hash: u64,
+        read: impl FnOnce(&Arc<Route<T>>) -> R,
+    ) -> Option<R> {
+        if self.slots.is_empty() {
+            return None;
         }
-        self.route(trie, topic).subscribers()
+        let stamp = trie.stamp(hash);
+        self.slot(hash).with(|cached| {
+            cached
+                .filter(|r| r.stamp == stamp && &*r.topic == topic)
+                .map(read)
+        })
+    }
+
+    /// Builds the route from the trie and caches it (when the cache is on).
+    fn build_and_cache(&self, trie: &Trie<T>, topic: &str, hash: u64) -> Arc<Route<T>> {
+        let route = Arc::new(build(trie, topic, hash));
+        if !self.slots.is_empty() {
+            self.slot(hash).store(Some(Arc::clone(&route)));
+        }
+        route
+    }
+
+    fn slot(&self, hash: u64) -> &OptionArcCell<Route<T>> {
+        &self.slots[hash as usize & (self.slots.len() - 1)]
     }
 
     /// Slots holding a route at its topic's current stamp (for leak checks).
