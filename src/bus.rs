@@ -965,6 +965,16 @@ impl<T: Send + Sync + 'static> BusInner<T> {
     }
 }
 
+/// How many references to a message a publish takes at once, before it
+/// pushes them into mailboxes (see `push_to_streams`). With 100 lossless
+/// streams read by tasks that keep up, taking them one by one between pushes
+/// cost 1.4-1.6x a drop-oldest publish's time, and a batch of 64 or more
+/// 1.1-1.25x (probe pairs, `docs/design-notes.md` §13, fifteenth session).
+const COPIES_AT_ONCE: usize = 64;
+
+/// References to one message, waiting to be pushed.
+type Copies<T> = SmallVec<[Arc<Message<T>>; COPIES_AT_ONCE]>;
+
 /// Pushes `message` into every active mailbox of the route; returns how many
 /// stream subscriptions matched.
 fn push_to_streams<T: Send + Sync + 'static>(
@@ -980,9 +990,18 @@ fn push_to_streams<T: Send + Sync + 'static>(
     // Deliveries counted in flight ahead of ordered pushes and not used yet:
     // counted a set's remainder at a time, not one by one (a shared atomic).
     let mut spare = 0u64;
+    // The message's references for the pushes, taken a batch at a time
+    // before any of them is pushed: a reader that has taken the message
+    // drops its reference on the count's line while the publisher would be
+    // adding the next one there, a contended read-modify-write per stream.
+    let mut copies: Copies<T> = SmallVec::new();
     route.for_each_stream_set(|set| {
         let len = set.len();
         for (index, entry) in set.entries(len).enumerate() {
+            if copies.is_empty() {
+                let batch = (len - index).min(COPIES_AT_ONCE);
+                copies.extend(std::iter::repeat_with(|| Arc::clone(message)).take(batch));
+            }
             if !entry.is_active() || entry.sink.disconnected() {
                 continue;
             }
@@ -1003,7 +1022,8 @@ fn push_to_streams<T: Send + Sync + 'static>(
                 }
                 spare -= 1;
             }
-            let pushed = entry.sink.push(Arc::clone(message), reserved);
+            let copy = copies.pop().unwrap_or_else(|| Arc::clone(message));
+            let pushed = entry.sink.push(copy, reserved);
             dropped += pushed.dropped;
             if ordered {
                 if !pushed.queued {
