@@ -36,11 +36,11 @@ use blazesub::{Batch, DeliveryMode};
 use criterion::{criterion_group, Criterion};
 
 use common::report::{criterion_results, format_ns, Chart, Report, Series, Table};
-use common::service;
 use common::{
     alloc_snapshot, bench_mode, counting_subscribers, runtime, time_bursts, wait_for,
     CountingAllocator, Payload, Setup, BURST,
 };
+use common::{placement, service};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -231,6 +231,16 @@ fn service_sizes() -> (usize, u64) {
     }
 }
 
+/// With `BLAZESUB_PLACEMENT=1`, a sampler of where the kernel runs the pool's
+/// workers during a `worker_pool` setup's burst (see `common/placement.rs`).
+fn pool_placement(setup: &str) -> Option<placement::Sampler> {
+    if setup.starts_with("worker_pool") {
+        placement::Sampler::start()
+    } else {
+        None
+    }
+}
+
 /// Shape 1: one publisher task, 1,000 handlers on one shared counter, each
 /// mode at its defaults and the raw loop in a task; ns per publish.
 fn service_shared_counter() -> Vec<ServiceRow> {
@@ -258,9 +268,17 @@ fn service_shared_counter() -> Vec<ServiceRow> {
         raw_samples.push(raw_time.as_nanos() as f64 / publishes as f64);
         let raw_time = service::raw_burst(&rt, &raw_entry_sized, publishes);
         raw_entry_sized_samples.push(raw_time.as_nanos() as f64 / publishes as f64);
-        for (_, bus, workloads, samples) in &mut setups {
+        for (name, bus, workloads, samples) in &mut setups {
+            let placement = pool_placement(name);
             let time = service::burst(&rt, bus, workloads, publishes);
-            samples.push(time.as_nanos() as f64 / publishes as f64);
+            let ns = time.as_nanos() as f64 / publishes as f64;
+            samples.push(ns);
+            if let Some(sampler) = placement {
+                println!(
+                    "service, shared counter {name:>20}: repetition {ns:.0} ns/publish; {}",
+                    sampler.finish()
+                );
+            }
         }
     }
     [
@@ -315,10 +333,18 @@ fn service_own_counters() -> Vec<ServiceRow> {
         service::burst(&rt, bus, workloads, publishes);
     }
     for _ in 0..repetitions {
-        for (_, bus, workloads, samples) in &mut setups {
+        for (name, bus, workloads, samples) in &mut setups {
             let deliveries = publishes as f64 * (PER_TOPIC * workloads.len()) as f64;
+            let placement = pool_placement(name);
             let time = service::burst(&rt, bus, workloads, publishes);
-            samples.push(deliveries / time.as_secs_f64() / 1e6);
+            let rate = deliveries / time.as_secs_f64() / 1e6;
+            samples.push(rate);
+            if let Some(sampler) = placement {
+                println!(
+                    "service, own counters {name:>34}: repetition {rate:.0} M deliveries/s; {}",
+                    sampler.finish()
+                );
+            }
         }
     }
     setups
