@@ -968,8 +968,9 @@ impl<T: Send + Sync + 'static> BusInner<T> {
 /// How many references to a message a publish takes at once, before it
 /// pushes them into mailboxes (see `push_to_streams`). With 100 lossless
 /// streams read by tasks that keep up, taking them one by one between pushes
-/// cost 1.4-1.6x a drop-oldest publish's time, and a batch of 64 or more
-/// 1.1-1.25x (probe pairs, `docs/design-notes.md` §13, fifteenth session).
+/// cost 1.47-1.68x a drop-oldest publish's time, and a batch of 64
+/// 1.19-1.34x (128: 1.12-1.20x; probe pairs, `docs/design-notes.md` §13,
+/// fifteenth session).
 const COPIES_AT_ONCE: usize = 64;
 
 /// References to one message, waiting to be pushed.
