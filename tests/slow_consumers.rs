@@ -7,10 +7,11 @@
 //! - `WorkerPool`/`TaskPerSubscriber`, at or below the threshold: each
 //!   subscription is its own unit. Under `Batch::Single` each unit is its own
 //!   queued job or spawned task; under `Batch::Chunked` runners claim units
-//!   one at a time from a shared cursor while handlers take real time, and a
-//!   runner enlists an idle worker (or task slot) as helper. Either way a
-//!   slow handler holds only the runner it is on: with a worker free, the
-//!   other subscriptions of the same publish run while it sleeps.
+//!   one at a time from a shared cursor while handlers take real time (in
+//!   `WorkerPool` a runner enlists an idle worker as helper; in
+//!   `TaskPerSubscriber` the publisher spawns a runner per worker). Either
+//!   way a slow handler holds only the runner it is on: with a worker free,
+//!   the other subscriptions of the same publish run while it sleeps.
 //! - Above the threshold: `Batch::Chunked` cuts chunks (no smaller than 32
 //!   subscriptions) that run in order on one runner each — a slow handler
 //!   delays the rest of its own chunk only; `Batch::Single` makes one unit of
@@ -101,6 +102,16 @@ fn warm_up(bus: &Bus<u32>) {
     std::thread::sleep(Duration::from_millis(20));
 }
 
+/// Where the test publishes from.
+#[derive(Clone, Copy)]
+enum Publisher<'a> {
+    /// The test's own thread, outside any runtime.
+    Thread,
+    /// A task on this runtime, which ends right after its publish (as a
+    /// service's task would go on to await something else).
+    Task(&'a tokio::runtime::Runtime),
+}
+
 /// Subscribes `n` handlers to `slow/x`, the one at `slow_at` blocking until
 /// the `must_run` others (by index) have all run; publishes once; returns
 /// whether the slow one saw them all, and which of the others ran while it
@@ -110,6 +121,17 @@ fn slow_among_others(
     n: usize,
     slow_at: usize,
     must_run: &[usize],
+) -> (bool, Vec<usize>) {
+    slow_among_others_from(bus, n, slow_at, must_run, Publisher::Thread)
+}
+
+/// [`slow_among_others`], publishing from `publisher`.
+fn slow_among_others_from(
+    bus: &Bus<u32>,
+    n: usize,
+    slow_at: usize,
+    must_run: &[usize],
+    publisher: Publisher<'_>,
 ) -> (bool, Vec<usize>) {
     let ran: Arc<Vec<AtomicBool>> = Arc::new((0..n).map(|_| AtomicBool::new(false)).collect());
     let done = Arc::new(Countdown::new());
@@ -146,7 +168,15 @@ fn slow_among_others(
             }
         })
         .collect();
-    assert_eq!(bus.publish("slow/x", 0).unwrap(), n);
+    let matched = match publisher {
+        Publisher::Thread => bus.publish("slow/x", 0).unwrap(),
+        Publisher::Task(rt) => {
+            let bus = bus.clone();
+            rt.block_on(rt.spawn(async move { bus.publish("slow/x", 0).unwrap() }))
+                .unwrap()
+        }
+    };
+    assert_eq!(matched, n);
     assert!(
         wait_until(Duration::from_secs(60), || bus.inflight_messages() == 0),
         "the publish never finished"
@@ -190,12 +220,40 @@ fn tasks_single_below_threshold_slow_handler_holds_only_its_runner() {
     below_threshold(DeliveryMode::TaskPerSubscriber, Batch::Single);
 }
 
-/// A helper runner is spawned from inside the runner task, where tokio puts
-/// it in that worker thread's LIFO slot, which no other worker may steal:
-/// this test fails unless the runner pushes it out (see `docs/reliability.md`).
 #[test]
 fn tasks_chunked_below_threshold_slow_handler_holds_only_its_runner() {
     below_threshold(DeliveryMode::TaskPerSubscriber, Batch::Chunked);
+}
+
+/// As [`below_threshold`], with the publisher a task on the bus's own
+/// runtime, as in a service. A runner that spawned a helper from inside its
+/// task would put it in that worker thread's LIFO slot, which no other
+/// worker steals and which runs only after the runner yields: a runner
+/// stuck in the slow handler would hold its helper with it, and this test
+/// would fail (see `docs/reliability.md`).
+fn below_threshold_from_a_task(mode: DeliveryMode) {
+    let rt = runtime(2);
+    const N: usize = 8;
+    let bus = bus(mode, Batch::Chunked, N, &rt);
+    for slow_at in 0..N {
+        let others: Vec<usize> = (0..N).filter(|&i| i != slow_at).collect();
+        let (ok, _) = slow_among_others_from(&bus, N, slow_at, &others, Publisher::Task(&rt));
+        assert!(
+            ok,
+            "{mode:?}, publisher a task, slow handler at {slow_at} of {N}: the other \
+             subscriptions of the publish did not run while it blocked"
+        );
+    }
+}
+
+#[test]
+fn tasks_chunked_below_threshold_published_from_a_task_slow_handler_holds_only_its_runner() {
+    below_threshold_from_a_task(DeliveryMode::TaskPerSubscriber);
+}
+
+#[test]
+fn worker_pool_chunked_below_threshold_published_from_a_task_slow_handler_holds_only_its_runner() {
+    below_threshold_from_a_task(DeliveryMode::WorkerPool);
 }
 
 /// Above the threshold under `Batch::Chunked`: 64 subscriptions, 2 workers,
@@ -225,8 +283,9 @@ fn worker_pool_chunked_above_threshold_slow_handler_delays_only_its_chunk() {
     above_threshold_chunked(DeliveryMode::WorkerPool);
 }
 
-/// As for `tasks_chunked_below_threshold_…`: the helper task that runs the
-/// second chunk must not wait behind the first chunk's slow handler.
+/// As for `tasks_chunked_below_threshold_…`: the second runner task, which
+/// takes the second chunk, must not wait behind the first chunk's slow
+/// handler.
 #[test]
 fn tasks_chunked_above_threshold_slow_handler_delays_only_its_chunk() {
     above_threshold_chunked(DeliveryMode::TaskPerSubscriber);

@@ -36,15 +36,16 @@
 //! - `Batch::Single` below the threshold: one per unit, each claiming exactly
 //!   one — BlazeSub's job per subscriber, and its cost (the cliff the `cliff`
 //!   bench reproduces);
-//! - `Batch::Chunked` below the threshold: one, which enlists a helper runner
-//!   whenever units remain, fewer than `workers` runners are on the job, and
-//!   the mode has an idle worker (or task slot) right now (in `WorkerPool`,
-//!   a job queued behind another to the same subscriptions runs whole with
-//!   it, in one batch: see `pool.rs`);
+//! - `Batch::Chunked` below the threshold: in `WorkerPool`, one, which
+//!   enlists a helper runner whenever units remain, fewer than `workers`
+//!   runners are on the job, and a worker is idle right now (a job queued
+//!   behind another to the same subscriptions runs whole with it, in one
+//!   batch: see `pool.rs`); in `TaskPerSubscriber`, up to `workers`, all
+//!   spawned by the publisher (see `tasks.rs`);
 //! - `Batch::Chunked` above the threshold: in `WorkerPool`, one per chunk,
 //!   and chunk `c` always runs on worker `c % workers` (see `pool.rs`: a
 //!   subscription's deliveries stay on one core, publish after publish); in
-//!   `TaskPerSubscriber`, one that enlists helpers as below the threshold;
+//!   `TaskPerSubscriber`, up to one per chunk, spawned by the publisher;
 //! - `Batch::Single` above the threshold: one, for the single unit.
 //!
 //! # Accounting

@@ -11,6 +11,20 @@
 //! A runner task runs its units without yielding, like a worker would; it
 //! is as long as one chunk of a publish (a single subscription below the
 //! threshold).
+//!
+//! # Every runner is started by the publisher
+//! A job whose runners claim from its cursor (`Batch::Chunked`) gets all the
+//! runners it may use when it is published: the first always, and up to
+//! `max_runners - 1` more while fewer than `workers` of the bus's tasks are
+//! alive (a burst already keeps every worker busy, and a runner that finds
+//! nothing left to claim is a wasted spawn). Runners never spawn helpers
+//! mid-job: a task spawned from inside a runtime worker lands in that
+//! thread's LIFO slot, which no other worker steals and which runs only
+//! after the spawning task yields, so a helper spawned by a runner stuck in
+//! a slow handler would wait behind it. Whether a spawned task runs at once
+//! elsewhere is the runtime's business; what this mode relies on is only
+//! that runners spawned together may run at once, each taking whatever
+//! units are left.
 
 use std::sync::Arc;
 
@@ -38,9 +52,10 @@ impl Tasks {
         job: Arc<Fanout<T>>,
         env: &Arc<Env>,
     ) -> usize {
+        let plan = job.plan();
         let mut started = false;
         let mut dropped = 0;
-        for _ in 0..job.plan().runners {
+        for _ in 0..plan.runners {
             match TaskPermit::acquire(env) {
                 Some(permit) => {
                     spawn_runner(&self.handle, Arc::clone(&job), permit);
@@ -48,15 +63,32 @@ impl Tasks {
                 }
                 None => match env.overflow {
                     Overflow::CallerRuns => {
-                        let mut runner =
-                            TaskModeRunner::new(&self.handle, &job, env, Place::Publisher);
+                        let mut runner = TaskModeRunner::new(env, Place::Publisher);
                         caller_runs(&job, &mut runner, env);
                     }
                     Overflow::Drop | Overflow::Error => dropped += refused(&job, started, env),
                 },
             }
         }
+        if started && !plan.single_claim {
+            self.start_more_runners(&job, env);
+        }
         dropped
+    }
+
+    /// The runners a claiming job may use beyond its first, while workers
+    /// look free (see the module docs). A slot the cap refuses is no loss:
+    /// the runners already started claim every unit.
+    fn start_more_runners<T: Send + Sync + 'static>(&self, job: &Arc<Fanout<T>>, env: &Arc<Env>) {
+        for _ in job.plan().runners..job.plan().max_runners {
+            if env.tasks.live() >= env.workers {
+                return;
+            }
+            let Some(permit) = TaskPermit::acquire(env) else {
+                return;
+            };
+            spawn_runner(&self.handle, Arc::clone(job), permit);
+        }
     }
 }
 
@@ -73,11 +105,10 @@ fn spawn_runner<T: Send + Sync + 'static>(
         ran: false,
         tally: Tally::default(),
     };
-    let task_handle = handle.clone();
     handle.spawn(async move {
         let env = Arc::clone(task.env());
         let awaited = {
-            let mut runner = TaskModeRunner::new(&task_handle, &task.job, &env, Place::Task);
+            let mut runner = TaskModeRunner::new(&env, Place::Task);
             task.job.run(&env, &mut runner, &mut task.tally);
             std::mem::take(&mut runner.awaited)
         };
@@ -131,20 +162,16 @@ impl<T: Send + Sync + 'static> Drop for RunnerTask<T> {
 
 /// A runner in this mode: a task, or the publisher running a runner the cap
 /// had no room for.
-struct TaskModeRunner<'a, T> {
-    handle: &'a Handle,
-    job: &'a Arc<Fanout<T>>,
+struct TaskModeRunner<'a> {
     env: &'a Arc<Env>,
     place: Place,
     /// Pending deliveries a task runner awaits itself (see `pending.rs`).
     awaited: Vec<BoxFuture>,
 }
 
-impl<'a, T> TaskModeRunner<'a, T> {
-    fn new(handle: &'a Handle, job: &'a Arc<Fanout<T>>, env: &'a Arc<Env>, place: Place) -> Self {
+impl<'a> TaskModeRunner<'a> {
+    fn new(env: &'a Arc<Env>, place: Place) -> Self {
         Self {
-            handle,
-            job,
             env,
             place,
             awaited: Vec::new(),
@@ -152,26 +179,14 @@ impl<'a, T> TaskModeRunner<'a, T> {
     }
 }
 
-impl<T: Send + Sync + 'static> Runner<T> for TaskModeRunner<'_, T> {
+impl<T: Send + Sync + 'static> Runner<T> for TaskModeRunner<'_> {
+    /// Never: every runner of a job is started by its publisher.
     fn has_idle_capacity(&self) -> bool {
-        self.env.tasks.live() < self.env.workers
+        false
     }
 
     fn offer_helper(&mut self, _job: &Fanout<T>) -> bool {
-        let Some(permit) = TaskPermit::acquire(self.env) else {
-            return false;
-        };
-        spawn_runner(self.handle, Arc::clone(self.job), permit);
-        if self.place == Place::Task {
-            // Spawned from a task, the helper lands in this worker thread's
-            // LIFO slot, which other threads never steal and which runs only
-            // after this task yields — and this runner may be about to block
-            // in a slow handler. A second, empty spawn takes the LIFO slot
-            // and pushes the helper into the stealable queue, waking an idle
-            // thread to take it.
-            self.handle.spawn(async {});
-        }
-        true
+        false
     }
 
     fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) {
