@@ -191,16 +191,28 @@ fn slow_among_others_from(
 /// batch policies: wherever the slow handler sits among 8 subscriptions,
 /// the other 7 run while it blocks.
 fn below_threshold(mode: DeliveryMode, batch: Batch) {
+    below_threshold_from(mode, batch, false);
+}
+
+/// [`below_threshold`], publishing from a task on the bus's own runtime
+/// if `from_a_task`, else from the test's thread.
+fn below_threshold_from(mode: DeliveryMode, batch: Batch, from_a_task: bool) {
     let rt = runtime(2);
     const N: usize = 8;
     let bus = bus(mode, batch, N, &rt);
+    let publisher = if from_a_task {
+        Publisher::Task(&rt)
+    } else {
+        Publisher::Thread
+    };
     for slow_at in 0..N {
         let others: Vec<usize> = (0..N).filter(|&i| i != slow_at).collect();
-        let (ok, _) = slow_among_others(&bus, N, slow_at, &others);
+        let (ok, _) = slow_among_others_from(&bus, N, slow_at, &others, publisher);
         assert!(
             ok,
-            "{mode:?} {batch:?}, below the threshold, slow handler at {slow_at} of {N}: the other \
-             subscriptions of the publish did not run while it blocked"
+            "{mode:?} {batch:?}, below the threshold, publisher a task: {from_a_task}, slow \
+             handler at {slow_at} of {N}: the other subscriptions of the publish did not run \
+             while it blocked"
         );
     }
 }
@@ -231,29 +243,14 @@ fn tasks_chunked_below_threshold_slow_handler_holds_only_its_runner() {
 /// worker steals and which runs only after the runner yields: a runner
 /// stuck in the slow handler would hold its helper with it, and this test
 /// would fail (see `docs/reliability.md`).
-fn below_threshold_from_a_task(mode: DeliveryMode) {
-    let rt = runtime(2);
-    const N: usize = 8;
-    let bus = bus(mode, Batch::Chunked, N, &rt);
-    for slow_at in 0..N {
-        let others: Vec<usize> = (0..N).filter(|&i| i != slow_at).collect();
-        let (ok, _) = slow_among_others_from(&bus, N, slow_at, &others, Publisher::Task(&rt));
-        assert!(
-            ok,
-            "{mode:?}, publisher a task, slow handler at {slow_at} of {N}: the other \
-             subscriptions of the publish did not run while it blocked"
-        );
-    }
-}
-
 #[test]
 fn tasks_chunked_below_threshold_published_from_a_task_slow_handler_holds_only_its_runner() {
-    below_threshold_from_a_task(DeliveryMode::TaskPerSubscriber);
+    below_threshold_from(DeliveryMode::TaskPerSubscriber, Batch::Chunked, true);
 }
 
 #[test]
 fn worker_pool_chunked_below_threshold_published_from_a_task_slow_handler_holds_only_its_runner() {
-    below_threshold_from_a_task(DeliveryMode::WorkerPool);
+    below_threshold_from(DeliveryMode::WorkerPool, Batch::Chunked, true);
 }
 
 /// Above the threshold under `Batch::Chunked`: 64 subscriptions, 2 workers,
