@@ -89,8 +89,10 @@ pub(crate) struct Fanout<T> {
 /// A runner's view of its mode: how to enlist help and what to do with an
 /// async delivery that did not finish on its first poll.
 pub(crate) trait Runner<T> {
-    /// Whether a helper would find an idle worker (or task slot) now. Asked
-    /// at every claim, so it must be a cheap read.
+    /// Whether a helper would find an idle worker now. Asked at every claim,
+    /// so it must be a cheap read. Only the pool's runners enlist helpers;
+    /// `Inline` has none to enlist, and `TaskPerSubscriber` starts all its
+    /// runners at publish (see `tasks.rs`), so both answer no.
     fn has_idle_capacity(&self) -> bool;
     /// Starts one more runner on `job` if that can be done without waiting.
     fn offer_helper(&mut self, job: &Fanout<T>) -> bool;
