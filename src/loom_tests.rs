@@ -316,6 +316,100 @@ fn pool_delivers_everything_and_stops(workers: usize, queue_capacity: usize) {
     dispatcher.shut_down();
 }
 
+/// A slow handler never strands the runners queued behind it on its
+/// worker's queue: one publish, `Batch::Single` below the threshold, is
+/// four runners, two queued to each worker (in turn: runners 0 and 2 to
+/// the first, 1 and 3 to the second), and the handler of subscription
+/// `slow` (the unit the runner that claims `slow`-th gets) blocks until the
+/// other three have run. Whatever the interleaving, a worker takes what is
+/// queued behind the blocked one, even when it passed that queue by while
+/// its owner was still waking up, or took a wake-up from it ahead of work
+/// (loom reports a deadlock otherwise: one worker waiting on its empty
+/// queue, the other in the handler, a runner left queued).
+fn slow_handler_strands_no_runner_queued_behind_it(slow: u64) {
+    use crate::config::Batch;
+    use loom::sync::{Condvar, Mutex};
+
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(2);
+    }
+    builder.check(move || {
+        let config = Config {
+            delivery: DeliveryMode::WorkerPool,
+            workers: 2,
+            queue_capacity: 4,
+            batch: Batch::Single,
+            max_concurrent_subscriptions: 10,
+            ..Config::default()
+        };
+        let env = Arc::new(Env {
+            counters: Arc::new(Counters::new()),
+            quiescence: Arc::new(crate::registry::quiesce::Quiescence::new()),
+            workers: 2,
+            handle: None,
+            tasks: TaskGauge::new(4),
+            overflow: Overflow::CallerRuns,
+        });
+        let dispatcher = Dispatcher::<u32>::start(&config, &env).unwrap();
+        let others_ran = Arc::new((Mutex::new(0usize), Condvar::new()));
+        let trie = Trie::<u32>::new();
+        for id in 0..4 {
+            let others_ran = Arc::clone(&others_ran);
+            let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
+                id,
+                SyncSink(move |_: &Message<u32>| {
+                    let (count, changed) = &*others_ran;
+                    let mut count = count.lock().unwrap();
+                    if id == slow {
+                        while *count < 3 {
+                            count = changed.wait(count).unwrap();
+                        }
+                    } else {
+                        *count += 1;
+                        changed.notify_all();
+                    }
+                }),
+            ));
+            insert(&trie, "t", entry);
+        }
+        let cache = RouteCache::<u32>::new(2);
+        let mut admitted = env.counters.begin_publish().unwrap();
+        let sets = cache.route(&trie, "t").handler_sets();
+        let job = Fanout::new(
+            Arc::new(Message::new("t", 0)),
+            sets,
+            Default::default(),
+            &Policy::new(&config),
+        )
+        .unwrap();
+        admitted.accept(job.total());
+        assert_eq!(dispatcher.dispatch(job, &env), 0);
+        env.counters
+            .close_and_wait(Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(env.counters.snapshot().delivered, 4);
+        dispatcher.shut_down();
+    });
+}
+
+/// The second unit blocks: the other worker, done with its own queue,
+/// must not wait while work is queued for this one, whatever it found
+/// there when it looked (a wake-up ahead of a runner is handed back, not
+/// taken): `pool.rs`, `Shared::stranded_work`.
+#[test]
+fn loom_a_slow_second_unit_strands_no_runner() {
+    slow_handler_strands_no_runner_queued_behind_it(1);
+}
+
+/// The third unit blocks: it is claimed by a worker that was still waking
+/// up when the other, done with its own queue, passed this one by
+/// (`pool.rs`, `Shared::share_rest`).
+#[test]
+fn loom_a_slow_third_unit_strands_no_runner() {
+    slow_handler_strands_no_runner_queued_behind_it(2);
+}
+
 #[test]
 fn loom_subscribe_racing_the_first_retained_publish_gets_it_once() {
     model(|| {

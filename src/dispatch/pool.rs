@@ -40,6 +40,15 @@
 //!   publisher that queues for a busy worker while another waits wakes that
 //!   one to help. Under a burst no worker waits, so each runs its own
 //!   chunks.
+//! - No work is left queued behind a busy worker while another waits. A
+//!   worker skips a queue whose worker is waiting (or still waking up), and
+//!   hands back a wake-up it finds there; so after announcing its wait it
+//!   looks once more for work queued to a worker that is not waiting, and
+//!   takes it instead of waiting. A worker about to run what it took from
+//!   its own queue, with more queued behind it, wakes a waiting one. The
+//!   two sides store before they load, so one of them always sees the
+//!   other (`loom_tests.rs` checks both with a handler that blocks until
+//!   the others have run).
 //!
 //! A queue holds `queue_capacity / workers` tickets (at least one); a ticket
 //! is one runner of one publish (an `Arc` of its job), so a burst costs no
@@ -97,9 +106,6 @@ struct Shared<T> {
     /// worker itself changes it. Other workers take nothing from a waiting
     /// worker's queue: it is about to take what is there itself.
     waiting: Vec<CachePadded<AtomicBool>>,
-    /// Per worker: someone has queued it a wake-up (or work) since it last
-    /// woke, so nobody else needs to. Cleared by the worker when it wakes.
-    woken: Vec<CachePadded<AtomicBool>>,
     /// A job that wants another runner (units left, room for one more): a
     /// worker about to wait takes it instead. Posted by a runner's claim,
     /// taken by whoever looks first; a newer one replaces it (the older
@@ -169,6 +175,39 @@ impl<T> Shared<T> {
         self.queues[worker].len().saturating_sub(wakes) + held < self.capacity
     }
 
+    /// Work tickets queued for `worker`, never more than there are (a
+    /// wake-up is counted before it is sent and uncounted after it is
+    /// taken, so a count read meanwhile is at worst one short).
+    fn queued_work(&self, worker: usize) -> usize {
+        let wakes = self.wakes[worker].load(Ordering::SeqCst);
+        self.queues[worker].len().saturating_sub(wakes)
+    }
+
+    /// Worker `me`, about to run what it took from its own queue, wakes a
+    /// waiting worker if work is still queued behind it: the handler it
+    /// runs may be slow, and a worker that looked at this queue while `me`
+    /// was still waking up (or while a wake-up was being taken from it)
+    /// skipped it. With [`Shared::stranded_work`], looked at after a worker
+    /// announces its wait, one of the two always sees the other.
+    fn share_rest(&self, me: usize) {
+        if self.queued_work(me) > 0 {
+            if let Some(helper) = self.take_waiting(me) {
+                self.wake(helper);
+            }
+        }
+    }
+
+    /// Whether a queue other than `me`'s holds work while its worker is not
+    /// waiting (it is busy, perhaps in a slow handler): looked at by a
+    /// worker after announcing its wait, which then takes it instead.
+    fn stranded_work(&self, me: usize) -> bool {
+        (0..self.queues.len()).any(|other| {
+            other != me
+                && !self.waiting[other].load(Ordering::SeqCst)
+                && self.queued_work(other) > 0
+        })
+    }
+
     /// Gives back the room of `tickets` held from `worker`'s queue.
     fn release(&self, worker: usize, tickets: usize) {
         if tickets > 0 {
@@ -225,7 +264,6 @@ impl<T> Shared<T> {
             wakes: counters(),
             held: counters(),
             waiting: flags(false),
-            woken: flags(false),
             free: flags(true),
             wanted: Mutex::new(None),
             idle: CachePadded::new(AtomicUsize::new(0)),
@@ -368,6 +406,9 @@ fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<
         let more = part.map_or_else(SmallVec::new, |part| {
             gather_batch(me, from, shared, &job, part, &mut stash)
         });
+        if from == me {
+            shared.share_rest(me);
+        }
         match part {
             Some(part) if !more.is_empty() => {
                 let mut batch = SmallVec::<[Arc<Fanout<T>>; MAX_BATCH]>::new();
@@ -478,6 +519,48 @@ fn look_for_ticket<T: Send + Sync + 'static>(
     me: usize,
     shared: &Shared<T>,
 ) -> Option<(Ticket<T>, usize)> {
+    loop {
+        if let Some(found) = take_queued(me, shared) {
+            return Some(found);
+        }
+        if shared.stopping.load(Ordering::SeqCst) {
+            return None;
+        }
+        shared.waiting[me].store(true, Ordering::SeqCst);
+        shared.idle.fetch_add(1, Ordering::SeqCst);
+        // Looked at after announcing the wait: see `Shared::share_rest`. A
+        // worker that was waking up when this one passed its queue by, or
+        // was taking a wake-up from it, may be in a slow handler now with
+        // work queued behind it.
+        if shared.stranded_work(me) {
+            end_wait(me, shared);
+            continue;
+        }
+        // Looked at after announcing the wait: see `Shared::want_help`.
+        if let Some(job) = shared.take_wanted() {
+            end_wait(me, shared);
+            return Some((Ticket::Help(job), me));
+        }
+        // Disconnected (every handle gone): the caller looks again, and
+        // stops once all is run.
+        let ticket = match shared.tickets[me].recv() {
+            Ok(ticket) => {
+                shared.took(me, &ticket);
+                ticket
+            }
+            Err(_) => Ticket::Wake,
+        };
+        end_wait(me, shared);
+        return Some((ticket, me));
+    }
+}
+
+/// A ticket already queued: from worker `me`'s own queue, else from
+/// another's whose worker is not waiting.
+fn take_queued<T: Send + Sync + 'static>(
+    me: usize,
+    shared: &Shared<T>,
+) -> Option<(Ticket<T>, usize)> {
     let workers = shared.tickets.len();
     if let Ok(ticket) = shared.tickets[me].try_recv() {
         shared.took(me, &ticket);
@@ -511,31 +594,13 @@ fn look_for_ticket<T: Send + Sync + 'static>(
             Err(_) => {}
         }
     }
-    if shared.stopping.load(Ordering::SeqCst) {
-        return None;
-    }
-    shared.waiting[me].store(true, Ordering::SeqCst);
-    shared.idle.fetch_add(1, Ordering::SeqCst);
-    // Looked at after announcing the wait: see `Shared::want_help`.
-    if let Some(job) = shared.take_wanted() {
-        shared.idle.fetch_sub(1, Ordering::SeqCst);
-        shared.waiting[me].store(false, Ordering::SeqCst);
-        shared.woken[me].store(false, Ordering::SeqCst);
-        return Some((Ticket::Help(job), me));
-    }
-    // Disconnected (every handle gone): the caller looks again, and stops
-    // once all is run.
-    let ticket = match shared.tickets[me].recv() {
-        Ok(ticket) => {
-            shared.took(me, &ticket);
-            ticket
-        }
-        Err(_) => Ticket::Wake,
-    };
+    None
+}
+
+/// Worker `me` no longer waits (woken, or it found work after announcing).
+fn end_wait<T>(me: usize, shared: &Shared<T>) {
     shared.idle.fetch_sub(1, Ordering::SeqCst);
     shared.waiting[me].store(false, Ordering::SeqCst);
-    shared.woken[me].store(false, Ordering::SeqCst);
-    Some((ticket, me))
 }
 
 /// A runner on a worker thread, or on a publisher the queue had no room for.
