@@ -205,21 +205,6 @@ pub(crate) mod channel {
             pub(crate) fn is_empty(&self) -> bool {
                 self.len() == 0
             }
-
-            pub(crate) fn send(&self, item: T) -> Result<(), T> {
-                let mut state = self.0.state.lock().unwrap();
-                loop {
-                    if state.receivers == 0 {
-                        return Err(item);
-                    }
-                    if state.items.len() < self.0.capacity {
-                        state.items.push_back(item);
-                        self.0.changed.notify_all();
-                        return Ok(());
-                    }
-                    state = self.0.changed.wait(state).unwrap();
-                }
-            }
         }
 
         impl<T> Receiver<T> {
