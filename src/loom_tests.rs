@@ -264,6 +264,42 @@ fn loom_two_workers_deliver_everything_and_stop() {
     builder.check(|| pool_delivers_everything_and_stops(2, 2));
 }
 
+/// The pool `config` describes, and what its runners share (`CallerRuns`).
+fn start_pool(config: &Config) -> (Arc<Env>, Dispatcher<u32>) {
+    let env = Arc::new(Env {
+        counters: Arc::new(Counters::new()),
+        quiescence: Arc::new(crate::registry::quiesce::Quiescence::new()),
+        workers: config.workers,
+        handle: None,
+        tasks: TaskGauge::new(4),
+        overflow: Overflow::CallerRuns,
+    });
+    let dispatcher = Dispatcher::<u32>::start(config, &env).unwrap();
+    (env, dispatcher)
+}
+
+/// Publishes `value` to topic "t" of `trie` as the bus would: admitted,
+/// routed, cut by `config`'s policy, dispatched (nothing dropped).
+fn publish_to_pool(
+    trie: &Trie<u32>,
+    config: &Config,
+    env: &Arc<Env>,
+    dispatcher: &Dispatcher<u32>,
+    value: u32,
+) {
+    let mut admitted = env.counters.begin_publish().unwrap();
+    let sets = RouteCache::<u32>::new(2).route(trie, "t").handler_sets();
+    let job = Fanout::new(
+        Arc::new(Message::new("t", value)),
+        sets,
+        Default::default(),
+        &Policy::new(config),
+    )
+    .unwrap();
+    admitted.accept(job.total());
+    assert_eq!(dispatcher.dispatch(job, env), 0);
+}
+
 fn pool_delivers_everything_and_stops(workers: usize, queue_capacity: usize) {
     let config = Config {
         delivery: DeliveryMode::WorkerPool,
@@ -271,15 +307,7 @@ fn pool_delivers_everything_and_stops(workers: usize, queue_capacity: usize) {
         queue_capacity,
         ..Config::default()
     };
-    let env = Arc::new(Env {
-        counters: Arc::new(Counters::new()),
-        quiescence: Arc::new(crate::registry::quiesce::Quiescence::new()),
-        workers,
-        handle: None,
-        tasks: TaskGauge::new(4),
-        overflow: Overflow::CallerRuns,
-    });
-    let dispatcher = Dispatcher::<u32>::start(&config, &env).unwrap();
+    let (env, dispatcher) = start_pool(&config);
     let calls = Arc::new(StdAtomicUsize::new(0));
     let trie = Trie::<u32>::new();
     for id in 0..2 {
@@ -292,20 +320,8 @@ fn pool_delivers_everything_and_stops(workers: usize, queue_capacity: usize) {
         ));
         insert(&trie, "t", entry);
     }
-    let cache = RouteCache::<u32>::new(2);
-    let policy = Policy::new(&config);
     for value in 0..2 {
-        let mut admitted = env.counters.begin_publish().unwrap();
-        let sets = cache.route(&trie, "t").handler_sets();
-        let job = Fanout::new(
-            Arc::new(Message::new("t", value)),
-            sets,
-            Default::default(),
-            &policy,
-        )
-        .unwrap();
-        admitted.accept(job.total());
-        assert_eq!(dispatcher.dispatch(job, &env), 0);
+        publish_to_pool(&trie, &config, &env, &dispatcher, value);
     }
     env.counters
         .close_and_wait(Duration::from_secs(60))
@@ -343,15 +359,7 @@ fn slow_handler_strands_no_runner_queued_behind_it(slow: u64) {
             max_concurrent_subscriptions: 10,
             ..Config::default()
         };
-        let env = Arc::new(Env {
-            counters: Arc::new(Counters::new()),
-            quiescence: Arc::new(crate::registry::quiesce::Quiescence::new()),
-            workers: 2,
-            handle: None,
-            tasks: TaskGauge::new(4),
-            overflow: Overflow::CallerRuns,
-        });
-        let dispatcher = Dispatcher::<u32>::start(&config, &env).unwrap();
+        let (env, dispatcher) = start_pool(&config);
         let others_ran = Arc::new((Mutex::new(0usize), Condvar::new()));
         let trie = Trie::<u32>::new();
         for id in 0..4 {
@@ -373,18 +381,7 @@ fn slow_handler_strands_no_runner_queued_behind_it(slow: u64) {
             ));
             insert(&trie, "t", entry);
         }
-        let cache = RouteCache::<u32>::new(2);
-        let mut admitted = env.counters.begin_publish().unwrap();
-        let sets = cache.route(&trie, "t").handler_sets();
-        let job = Fanout::new(
-            Arc::new(Message::new("t", 0)),
-            sets,
-            Default::default(),
-            &Policy::new(&config),
-        )
-        .unwrap();
-        admitted.accept(job.total());
-        assert_eq!(dispatcher.dispatch(job, &env), 0);
+        publish_to_pool(&trie, &config, &env, &dispatcher, 0);
         env.counters
             .close_and_wait(Duration::from_secs(60))
             .unwrap();
