@@ -795,12 +795,14 @@ impl<T: Send + Sync + 'static> Bus<T> {
             push_to_streams(&route, &message, counters, &mut admitted, &mut reservations);
         let mut positions = Positions::new();
         let mut sets = route.handler_sets_appending(&message, &mut positions);
+        let home = route.home;
         drop(route);
         matched += sets.iter().map(|set| set.live()).sum::<usize>();
         if shared {
             matched += inner.shared.route(&message, &mut sets, counters);
         }
         if let Some(job) = Fanout::new(message, sets, positions, &inner.policy) {
+            let job = job.at_home(home);
             admitted.accept(job.total());
             let dropped = inner.dispatcher.dispatch(job, &inner.env);
             if dropped > 0 && inner.config.overflow == Overflow::Error {
@@ -915,6 +917,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let own_tokens = crate::stats::tokens_here();
         let own_deliveries = quiesce::held_here();
         let inner = Arc::clone(&self.inner);
+        inner.dispatcher.closing();
         let closing = Arc::downgrade(&self.inner);
         inner.env.counters.close(move || {
             if let Some(inner) = closing.upgrade() {

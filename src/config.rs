@@ -76,10 +76,27 @@ pub enum Batch {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Overflow {
-    /// The publisher runs the unit of work itself. Nothing is lost, and a
-    /// publisher that outruns its subscribers is slowed to their pace. The
-    /// default.
+    /// The publisher waits until its route's worker has room, then queues
+    /// the work. Nothing is lost, and a publisher that outruns its
+    /// subscribers is slowed to their pace, while every delivery still runs
+    /// on a worker. The default.
+    ///
+    /// Where waiting could deadlock, the publisher runs the unit of work
+    /// itself, as under [`Overflow::CallerRuns`]: on a pool worker (a
+    /// handler that publishes), once the bus is closing, and in
+    /// [`DeliveryMode::TaskPerSubscriber`] (a runtime thread that waited for
+    /// tasks could be the one they need). A waiting `publish` blocks its
+    /// thread the way running a handler would; it cannot be cancelled.
+    ///
+    /// Why it is the default: a publisher that runs a route's handlers
+    /// itself runs them beside the worker that is running the same
+    /// route's earlier publishes, and handlers that share state then fight
+    /// over it between two cores (`docs/design-notes.md`, "Where a
+    /// subscription runs").
     #[default]
+    Wait,
+    /// The publisher runs the unit of work itself. Nothing is lost, and a
+    /// publisher that outruns its subscribers is slowed to their pace.
     CallerRuns,
     /// The deliveries that could not be queued are dropped and counted in
     /// [`Stats::dropped`](crate::Stats::dropped).
@@ -135,7 +152,7 @@ pub struct Config {
     /// How a publish above the threshold is batched. Default
     /// [`Batch::Chunked`], which has no performance cliff.
     pub batch: Batch,
-    /// What a full queue or task cap does. Default [`Overflow::CallerRuns`]:
+    /// What a full queue or task cap does. Default [`Overflow::Wait`]:
     /// nothing is lost and the publisher is slowed instead.
     pub overflow: Overflow,
     /// Capacity of the worker pool's queues, in jobs (a publish takes one or a

@@ -40,13 +40,15 @@
 //! batch for all ([`Batch::Single`], BlazeSub's policy, with its cliff).
 //! Units run on a bounded worker pool ([`DeliveryMode::WorkerPool`], the
 //! default), as tokio tasks ([`DeliveryMode::TaskPerSubscriber`]) or on the
-//! publisher's thread ([`DeliveryMode::Inline`]). In the pool, chunk `c` of
-//! every publish runs on worker `c`, so a subscription's deliveries stay on
-//! one worker (and what its handler touches, in one core's cache); a worker
-//! with nothing of its own helps the others. When a pool queue or the
-//! task cap is full, [`Overflow`] decides: the publisher runs the work itself
-//! (`CallerRuns`, the default), or it is dropped and counted (`Drop`,
-//! `Error`).
+//! publisher's thread ([`DeliveryMode::Inline`]). In the pool, every topic
+//! has a home worker (topics get them in turn) and its publishes run there,
+//! one after another, so its handlers' state stays in one core's cache and
+//! handlers that share state never fight over it between cores; two busy
+//! topics run on two workers. An idle worker helps a publish that has
+//! nothing queued behind it, and takes over from a worker stalled in a slow
+//! handler. When a pool queue or the task cap is full, [`Overflow`] decides:
+//! the publisher waits for room (`Wait`, the default), runs the work itself
+//! (`CallerRuns`), or it is dropped and counted (`Drop`, `Error`).
 //!
 //! # Delivery
 //! - A subscription that exists for the whole of a `publish` call, and is
@@ -92,7 +94,7 @@
 //!
 //! | subscription | ordered? | lossy or lossless | when it is full, the publisher… |
 //! |---|---|---|---|
-//! | [`Bus::subscribe`] (handler) | no | lossless unless `Overflow::Drop`/`Error` | runs the work itself (`CallerRuns`), or drops and counts it |
+//! | [`Bus::subscribe`] (handler) | no | lossless unless `Overflow::Drop`/`Error` | waits for room (`Wait`, the default), runs the work itself (`CallerRuns`), or drops and counts it |
 //! | [`Bus::subscribe_ordered`] (handler) | yes: no overlap, each publisher's order | a handler `stream_capacity` messages behind loses the oldest, counted (async: the newest) | never waits |
 //! | stream, [`StreamOverflow::DropOldest`] (default) | each publisher's order | lossy: the oldest goes, counted | never waits |
 //! | stream, [`StreamOverflow::DropNewest`] | each publisher's order | lossy: the newest goes, counted | never waits |

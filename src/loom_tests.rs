@@ -34,7 +34,9 @@
 //! - the worker pool: every delivery runs exactly once whether the queue has
 //!   room or the publisher runs the job itself, the close barrier sees
 //!   `inflight` reach zero (a missed wake-up would deadlock), and the workers
-//!   stop.
+//!   stop; a handler that blocks strands nothing queued or batched behind it
+//!   (the other worker takes it over); and a publisher waiting for room
+//!   (`Overflow::Wait`) is always let go once the bus starts closing.
 
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;
 use std::sync::Arc;
@@ -264,7 +266,7 @@ fn loom_two_workers_deliver_everything_and_stop() {
     builder.check(|| pool_delivers_everything_and_stops(2, 2));
 }
 
-/// The pool `config` describes, and what its runners share (`CallerRuns`).
+/// The pool `config` describes, and what its runners share.
 fn start_pool(config: &Config) -> (Arc<Env>, Dispatcher<u32>) {
     let env = Arc::new(Env {
         counters: Arc::new(Counters::new()),
@@ -272,7 +274,7 @@ fn start_pool(config: &Config) -> (Arc<Env>, Dispatcher<u32>) {
         workers: config.workers,
         handle: None,
         tasks: TaskGauge::new(4),
-        overflow: Overflow::CallerRuns,
+        overflow: config.overflow,
     });
     let dispatcher = Dispatcher::<u32>::start(config, &env).unwrap();
     (env, dispatcher)
@@ -305,6 +307,7 @@ fn pool_delivers_everything_and_stops(workers: usize, queue_capacity: usize) {
         delivery: DeliveryMode::WorkerPool,
         workers,
         queue_capacity,
+        overflow: Overflow::CallerRuns,
         ..Config::default()
     };
     let (env, dispatcher) = start_pool(&config);
@@ -357,6 +360,7 @@ fn slow_handler_strands_no_runner_queued_behind_it(slow: u64) {
             queue_capacity: 4,
             batch: Batch::Single,
             max_concurrent_subscriptions: 10,
+            overflow: Overflow::CallerRuns,
             ..Config::default()
         };
         let (env, dispatcher) = start_pool(&config);
@@ -405,6 +409,118 @@ fn loom_a_slow_second_unit_strands_no_runner() {
 #[test]
 fn loom_a_slow_third_unit_strands_no_runner() {
     slow_handler_strands_no_runner_queued_behind_it(2);
+}
+
+/// Two publishes to one topic's two subscriptions, both at its home worker
+/// (worker 0), below the threshold: worker 0 runs them as a batch or one
+/// by one, and subscription 0's handler blocks on the first message until
+/// subscription 1 has run both. Whatever the interleaving, worker 1 gets
+/// subscription 1's deliveries: it helps a lone publish, or joins the batch
+/// of a stalled worker (under loom, one that started nothing between two
+/// looks); loom reports a deadlock otherwise.
+#[test]
+fn loom_a_blocked_handler_strands_nothing_of_its_batch() {
+    use loom::sync::{Condvar, Mutex};
+
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(2);
+    }
+    builder.check(|| {
+        let config = Config {
+            delivery: DeliveryMode::WorkerPool,
+            workers: 2,
+            queue_capacity: 4,
+            overflow: Overflow::CallerRuns,
+            ..Config::default()
+        };
+        let (env, dispatcher) = start_pool(&config);
+        let second_ran = Arc::new((Mutex::new(0usize), Condvar::new()));
+        let trie = Trie::<u32>::new();
+        for id in 0..2 {
+            let second_ran = Arc::clone(&second_ran);
+            let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
+                id,
+                SyncSink(move |message: &Message<u32>| {
+                    let (count, changed) = &*second_ran;
+                    let mut count = count.lock().unwrap();
+                    if id == 0 {
+                        while *message.data() == 0 && *count < 2 {
+                            count = changed.wait(count).unwrap();
+                        }
+                    } else {
+                        *count += 1;
+                        changed.notify_all();
+                    }
+                }),
+            ));
+            insert(&trie, "t", entry);
+        }
+        for value in 0..2 {
+            publish_to_pool(&trie, &config, &env, &dispatcher, value);
+        }
+        env.counters
+            .close_and_wait(Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(env.counters.snapshot().delivered, 4);
+        dispatcher.shut_down();
+    });
+}
+
+/// One worker, a queue of one ticket, `Overflow::Wait`: the worker blocks
+/// in the first message's handler until the publisher has returned from its
+/// third publish, which finds the queue full and waits for room. Another
+/// thread starts closing the bus meanwhile. Whatever the interleaving, the
+/// waiting publisher is let go (it runs its job itself) and everything is
+/// delivered once; loom reports a deadlock if the close's wake-up can fall
+/// between the publisher's look at the flag and its wait.
+#[test]
+fn loom_closing_lets_a_publisher_waiting_for_room_go() {
+    use loom::sync::atomic::{AtomicBool, Ordering};
+
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(2);
+    }
+    builder.check(|| {
+        let config = Config {
+            delivery: DeliveryMode::WorkerPool,
+            workers: 1,
+            queue_capacity: 1,
+            overflow: Overflow::Wait,
+            ..Config::default()
+        };
+        let (env, dispatcher) = start_pool(&config);
+        let dispatcher = Arc::new(dispatcher);
+        let published = Arc::new(AtomicBool::new(false));
+        let trie = Trie::<u32>::new();
+        let entry: HandlerEntry<u32> = {
+            let published = Arc::clone(&published);
+            Arc::new(Subscriber::new(
+                0,
+                SyncSink(move |message: &Message<u32>| {
+                    while *message.data() == 0 && !published.load(Ordering::SeqCst) {
+                        thread::yield_now();
+                    }
+                }),
+            ))
+        };
+        insert(&trie, "t", entry);
+        let closer = {
+            let dispatcher = Arc::clone(&dispatcher);
+            thread::spawn(move || dispatcher.closing())
+        };
+        for value in 0..3 {
+            publish_to_pool(&trie, &config, &env, &dispatcher, value);
+        }
+        published.store(true, Ordering::SeqCst);
+        closer.join().unwrap();
+        env.counters
+            .close_and_wait(Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(env.counters.snapshot().delivered, 3);
+        dispatcher.shut_down();
+    });
 }
 
 #[test]

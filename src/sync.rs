@@ -126,6 +126,27 @@ pub(crate) mod queue {
 }
 
 /// Threads the bus starts (the pool's workers).
+/// Marks the threads of the worker pools: a publish made there never waits
+/// for a pool's room (`Overflow::Wait`), since the room may be its own.
+pub(crate) mod worker_mark {
+    use std::cell::Cell;
+
+    #[cfg(not(loom))]
+    std::thread_local!(static ON_WORKER: Cell<bool> = const { Cell::new(false) });
+    #[cfg(loom)]
+    loom::thread_local!(static ON_WORKER: Cell<bool> = Cell::new(false));
+
+    /// Marks the calling thread as a pool worker, for its whole life.
+    pub(crate) fn set() {
+        ON_WORKER.with(|on| on.set(true));
+    }
+
+    /// Whether the calling thread is a pool worker.
+    pub(crate) fn is_set() -> bool {
+        ON_WORKER.with(Cell::get)
+    }
+}
+
 pub(crate) mod thread {
     #[cfg(loom)]
     pub(crate) use loom::thread::Builder;
@@ -213,6 +234,16 @@ pub(crate) mod channel {
                 let item = state.items.pop_front().ok_or(())?;
                 self.0.changed.notify_all();
                 Ok(item)
+            }
+
+            /// Under loom time stands still: a look, then a yield to the
+            /// other threads, as if the wait had timed out.
+            pub(crate) fn recv_timeout(&self, _timeout: std::time::Duration) -> Result<T, ()> {
+                let item = self.try_recv();
+                if item.is_err() {
+                    loom::thread::yield_now();
+                }
+                item
             }
 
             pub(crate) fn recv(&self) -> Result<T, ()> {

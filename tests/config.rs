@@ -41,7 +41,7 @@ fn defaults_are_the_documented_ones() {
     assert!(c.workers >= 1);
     assert_eq!(c.max_concurrent_subscriptions, 10);
     assert_eq!(c.batch, Batch::Chunked);
-    assert_eq!(c.overflow, Overflow::CallerRuns);
+    assert_eq!(c.overflow, Overflow::Wait);
     assert_eq!(c.queue_capacity, 4096);
     assert_eq!(c.max_inflight_tasks, 1024);
     assert_eq!(c.stream_capacity, 1024);
@@ -53,7 +53,7 @@ fn defaults_are_the_documented_ones() {
 fn enum_defaults_match_config_defaults() {
     assert_eq!(DeliveryMode::default(), DeliveryMode::WorkerPool);
     assert_eq!(Batch::default(), Batch::Chunked);
-    assert_eq!(Overflow::default(), Overflow::CallerRuns);
+    assert_eq!(Overflow::default(), Overflow::Wait);
 }
 
 #[test]

@@ -297,13 +297,15 @@ fn pending_async_deliveries_are_counted_when_the_runtime_is_gone() {
 // 5. After `CloseTimeout`, work still arriving from an admitted publish runs.
 // ---------------------------------------------------------------------------
 
-/// Two workers, a queue of two tickets, `Batch::Single` (a ticket per
-/// subscription). Worker A is blocked on `w`, worker B on `b`, and two more
-/// `w` tickets fill the queue; a publish to two subscriptions of `c` runs its
-/// first runner itself (`CallerRuns`) and blocks in it. `close()` times out
-/// meanwhile. Then A drains the `w` tickets; the publish queues its second
-/// runner; B is let go. That runner must still run (workers may not stop
-/// while accepted work remains), and `close()` then succeeds.
+/// Two workers, a queue of two tickets (one each), `Batch::Single` (a
+/// ticket per subscription). Worker A is blocked on `w` with a second `w`
+/// ticket queued behind it, worker B on `b` likewise, so both queues are
+/// full; a publish to two subscriptions of `c` runs its first runner itself
+/// (`CallerRuns`) and blocks in it. `close()` times out meanwhile. Then A
+/// drains its `w` ticket and takes B's `b` ticket (B is stalled): both
+/// workers block in `b`, both queues are empty. The publish, let go, queues
+/// its second runner. That runner must still run once B is let go (workers
+/// may not stop while accepted work remains), and `close()` then succeeds.
 #[test]
 fn work_queued_after_a_close_timeout_still_runs() {
     use blazesub::{Batch, Overflow};
@@ -343,12 +345,28 @@ fn work_queued_after_a_close_timeout_still_runs() {
         })
         .unwrap()
     };
-    bus.publish("w", 1).unwrap(); // worker A blocks
+    // Both workers running at once, then waiting: a worker that has not
+    // started yet could have its first ticket taken over by the other.
+    let both_in = Arc::new(std::sync::Barrier::new(2));
+    let warm: Vec<_> = (0..2)
+        .map(|_| {
+            let both_in = Arc::clone(&both_in);
+            bus.subscribe("warm", move |_: &Message<u32>| {
+                both_in.wait();
+            })
+            .unwrap()
+        })
+        .collect();
+    bus.publish("warm", 0).unwrap();
+    assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+    drop(warm);
+    // Routes get their home workers in turn: `w` A's, `b` B's.
+    bus.publish("w", 1).unwrap();
     assert!(w_entered.wait_for(1, LIMIT));
-    bus.publish("b", 1).unwrap(); // worker B blocks
+    bus.publish("b", 1).unwrap();
     assert!(b_entered.wait_for(1, LIMIT));
-    bus.publish("w", 2).unwrap(); // the queue fills
-    bus.publish("w", 3).unwrap();
+    bus.publish("w", 2).unwrap(); // both queues fill
+    bus.publish("b", 2).unwrap();
     let publisher = {
         let bus = bus.clone();
         std::thread::spawn(move || bus.publish("c", 4))
@@ -363,12 +381,17 @@ fn work_queued_after_a_close_timeout_still_runs() {
         "{timed_out:?}"
     );
     w_gate.open();
-    // A drains the queue (and, before the fix, then took a stop ticket).
-    assert!(w_entered.wait_for(3, LIMIT));
-    std::thread::sleep(Duration::from_millis(100));
+    assert!(w_entered.wait_for(2, LIMIT), "A drains its queue");
+    assert!(b_entered.wait_for(2, LIMIT), "A takes over B's queue");
     c_gate.open();
     assert_eq!(publisher.join().unwrap().unwrap(), 2);
     std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        second.load(Ordering::Relaxed),
+        0,
+        "the second runner waits in a queue behind a blocked worker"
+    );
+    assert!(bus.inflight_messages() > 0);
     b_gate.open();
     assert!(
         wait_until(LIMIT, || bus.inflight_messages() == 0),

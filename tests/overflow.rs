@@ -82,6 +82,7 @@ fn publish_into_full(bus: &Bus<u32>, probe: &Probe, policy: Overflow, id: u32, f
             }
             assert_eq!(bus.stats().dropped, overflowed, "{what}: drop not counted");
         }
+        Overflow::Wait => unreachable!("a publisher that waits here waits for ever"),
         Overflow::CallerRuns => {
             assert_eq!(result.unwrap(), 1, "{what}");
             assert_eq!(

@@ -15,8 +15,9 @@
 //!   worker takes the next subscription while another runs), and a handler
 //!   that turns slow without warning can hold up at most `MAX_GRAIN - 1`
 //!   subscriptions claimed with it (a free worker takes the rest).
-//! - A job is run either by claims, or chunk by chunk ([`Fanout::run_chunk`]:
-//!   the pool gives each chunk one ticket, for one worker), never both.
+//! - A job is run either by claims, or whole in a batch of publishes to the
+//!   same subscriptions taken before any runner saw it
+//!   ([`Batch`](super::batch::Batch): a pool worker's), never both.
 //! - A panicking delivery is caught, counted, and the loop resumes with the
 //!   next delivery; the catch is set up once per runner, not per delivery.
 //! - Each delivery checks its subscription's flag immediately before running,
@@ -42,31 +43,19 @@ use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 pub(crate) const MAX_GRAIN: usize = 64;
 
 /// The most publishes a worker runs as one batch
-/// ([`Fanout::run_chunk_batch`]).
+/// ([`Batch`](super::batch::Batch)).
 ///
 /// The batch's walk and an ordered subscription's runner turn are paid once
 /// per batch, so a bigger one costs less per delivery: from 8 to 64, 1,000
 /// ordered handlers went from 1.5-1.7x to 1.0-1.4x the time of unordered
 /// ones, and 500 handlers on counters of their own from 383-391 to 469-474
-/// M deliveries/s (`docs/design-notes.md`, thirteenth session). The price is
-/// what a stalled handler holds up: the rest of its chunk for up to
-/// `MAX_BATCH - 1` publishes taken with it, which no other worker can take
-/// over; the same bound as a grain's below the threshold ([`MAX_GRAIN`]).
+/// M deliveries/s (`docs/design-notes.md`, thirteenth session). A handler
+/// that blocks holds up the subscriptions claimed with it for the whole
+/// batch; the others are claimed by a worker that joins.
 pub(crate) const MAX_BATCH: usize = 64;
 
 /// A unit that takes less than this counts as cheap enough to claim in grains.
 pub(crate) const FAST_UNIT: Duration = Duration::from_micros(1);
-
-/// What of a job a runner runs by itself, claiming nothing (and so enlisting
-/// no helper).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Part {
-    /// Chunk `c` of a job cut into chunks.
-    Chunk(usize),
-    /// Every delivery of a job planned for one claiming runner (below the
-    /// threshold), taken before any runner started on it.
-    Whole,
-}
 
 /// Lengths of the route's handler sets, read once at publish.
 type Lens = SmallVec<[usize; 4]>;
@@ -81,6 +70,8 @@ pub(crate) struct Fanout<T> {
     lens: Lens,
     total: usize,
     plan: Plan,
+    /// Its route's home (see `registry/route.rs`): the pool runs it there.
+    home: usize,
     next: AtomicUsize,
     runners: AtomicUsize,
     helper_queued: AtomicBool,
@@ -112,14 +103,48 @@ struct Progress {
     /// What of those did not simply deliver.
     exceptions: Exceptions,
     /// Units in its next claim (below the threshold).
-    grain: usize,
-    /// When its last claim was made, and how many units it held.
+    grain: Grain,
+}
+
+/// How many units a runner claims next: one at first, doubling up to
+/// [`MAX_GRAIN`] while the units it ran were cheap, back to one otherwise
+/// (see the module docs).
+#[derive(Default)]
+pub(super) struct Grain {
+    size: usize,
+    /// When the last claim was made, and how many units it held.
     last_claim: Option<(Instant, usize)>,
-    /// Runs one chunk given at the start and claims nothing.
-    fixed: bool,
+}
+
+impl Grain {
+    /// The units of the next claim, if a unit counts as cheap when it took
+    /// under `per_unit`.
+    pub(super) fn next(&mut self, per_unit: Duration) -> usize {
+        let now = crate::sync::now();
+        let cheap = self.last_claim.is_some_and(|(since, units)| {
+            now.saturating_duration_since(since) <= per_unit.saturating_mul(units as u32)
+        });
+        // Whether a worker is idle does not matter: one that is idle but
+        // does not come (not scheduled yet, or about to wait) left the
+        // runner claiming one unit at a time, a clock read and a contended
+        // add per delivery, for the whole job: 5-8x slower publishes.
+        self.size = if cheap {
+            (self.size * 2).min(MAX_GRAIN)
+        } else {
+            1
+        };
+        self.last_claim = Some((now, self.size));
+        self.size
+    }
 }
 
 impl<T> Fanout<T> {
+    /// Deliveries in this job (entries of subscriptions removed since may be
+    /// among them; they are skipped).
+    pub(crate) fn total(&self) -> usize {
+        self.total
+    }
+
     /// Whether another runner would find units to claim and room to run.
     pub(crate) fn wants_help(&self) -> bool {
         self.next.load(Ordering::Relaxed) < self.total
@@ -151,6 +176,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             lens,
             total,
             plan: policy.plan(total),
+            home: 0,
             next: AtomicUsize::new(0),
             runners: AtomicUsize::new(0),
             helper_queued: AtomicBool::new(false),
@@ -159,67 +185,75 @@ impl<T: Send + Sync + 'static> Fanout<T> {
 
     /// The message's position in set `index`'s ordered log.
     #[inline]
-    fn position(&self, index: usize) -> u64 {
+    pub(super) fn position(&self, index: usize) -> u64 {
         self.positions.get(index).copied().unwrap_or(NO_POSITION)
-    }
-
-    /// Deliveries in this job (entries of subscriptions removed since may be
-    /// among them; they are skipped).
-    pub(crate) fn total(&self) -> usize {
-        self.total
     }
 
     pub(crate) fn plan(&self) -> Plan {
         self.plan
     }
 
+    /// The job, to run at its route's home `home`.
+    #[must_use]
+    pub(crate) fn at_home(mut self, home: usize) -> Self {
+        self.home = home;
+        self
+    }
+
+    pub(crate) fn home(&self) -> usize {
+        self.home
+    }
+
     pub(crate) fn topic(&self) -> &str {
         self.message.topic()
+    }
+
+    pub(super) fn message(&self) -> &Arc<Message<T>> {
+        &self.message
+    }
+
+    /// Lengths of the handler sets, as read at publish.
+    pub(super) fn lens(&self) -> &[usize] {
+        &self.lens
+    }
+
+    pub(super) fn set(&self, index: usize) -> &HandlerSet<T> {
+        &self.sets[index]
     }
 
     /// Claims and runs deliveries until none are left (or, under a
     /// single-claim plan, after one claim), then adds what it did to `tally`.
     pub(crate) fn run(&self, env: &Env, runner: &mut impl Runner<T>, tally: &mut Tally) {
-        self.run_from(env, runner, tally, None);
-    }
-
-    /// Runs chunk `chunk` (the deliveries of the job's `chunk`th unit) and
-    /// nothing else, then adds what it did to `tally`. A job is run either
-    /// by claims or chunk by chunk, never both.
-    pub(crate) fn run_chunk(
-        &self,
-        env: &Env,
-        runner: &mut impl Runner<T>,
-        tally: &mut Tally,
-        chunk: usize,
-    ) {
-        self.run_from(env, runner, tally, Some(self.chunk_range(chunk)));
-    }
-
-    /// Deliveries of chunk `chunk`.
-    fn chunk_range(&self, chunk: usize) -> Range<usize> {
-        let start = (chunk * self.plan.unit).min(self.total);
-        start..(start + self.plan.unit).min(self.total)
-    }
-
-    /// Deliveries of `part`.
-    fn part_range(&self, part: Part) -> Range<usize> {
-        match part {
-            Part::Chunk(chunk) => self.chunk_range(chunk),
-            Part::Whole => 0..self.total,
-        }
+        // Every flag check and handler call of this run happens while present.
+        let _present = env.quiescence.enter();
+        self.runners.fetch_add(1, Ordering::Relaxed);
+        // This runner may be the helper that was queued: make room for another.
+        self.helper_queued.store(false, Ordering::Relaxed);
+        let mut progress = Progress {
+            current: 0,
+            claim_end: 0,
+            claimed: 0,
+            exceptions: Exceptions::default(),
+            grain: Grain::default(),
+        };
+        self.resuming(&mut progress, tally, |progress, tally| {
+            self.work(env, runner, progress, tally);
+        });
+        quiesce::unhold(progress.claimed as u64);
+        progress.exceptions.add_to(progress.claimed, tally);
+        self.runners.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Whether the job is planned for one runner that claims units and
-    /// enlists helpers (below the threshold, `Batch::Chunked`): such a job,
-    /// taken from a queue before anyone ran it, may run [`Part::Whole`] in
-    /// a batch instead.
+    /// enlists helpers (`Batch::Chunked`, on either side of the threshold):
+    /// such a job, taken from a queue before anyone ran it, may run whole
+    /// in a batch instead ([`Batch`](super::batch::Batch)).
     pub(crate) fn has_one_claiming_runner(&self) -> bool {
-        self.plan.runners == 1 && self.plan.unit == 1 && !self.plan.single_claim
+        self.plan.runners == 1 && !self.plan.single_claim
     }
 
-    /// Whether `other`'s chunks hold the same deliveries as this job's: the
-    /// same handler sets, read at the same lengths, cut the same way (two
+    /// Whether `other` holds the same deliveries as this job: the same
+    /// handler sets, read at the same lengths, cut the same way (two
     /// publishes to one topic while no subscription came or went).
     pub(crate) fn same_chunks(&self, other: &Self) -> bool {
         self.plan.unit == other.plan.unit
@@ -232,140 +266,10 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                 .all(|(a, b)| Arc::ptr_eq(a, b))
     }
 
-    /// Runs `part` of every job in `jobs` (consecutive publishes whose
-    /// chunks hold the same deliveries: see [`Self::same_chunks`]) and
-    /// nothing else, then adds what it did to `tally`. Under
-    /// [`Part::Whole`], no other runner may have seen the jobs: this one
-    /// runs them all, claiming nothing.
-    ///
-    /// Subscription by subscription: each one's deliveries of all the jobs
-    /// run back to back, in the jobs' order, before the next subscription's.
-    /// A fan-out's cost follows the memory it walks, and this walks the
-    /// entries once per batch instead of once per publish, with each
-    /// handler's captures still in cache for its next message. Each
-    /// subscription still receives the publishes in order, and each
-    /// delivery still checks the subscription's flag right before it runs.
-    pub(crate) fn run_chunk_batch(
-        jobs: &[Arc<Self>],
-        env: &Env,
-        runner: &mut impl Runner<T>,
-        tally: &mut Tally,
-        part: Part,
-    ) {
-        let Some(first) = jobs.first() else {
-            return;
-        };
-        debug_assert!(jobs.iter().all(|job| first.same_chunks(job)));
-        debug_assert!(
-            part != Part::Whole
-                || jobs
-                    .iter()
-                    .all(|job| job.has_one_claiming_runner()
-                        && job.next.load(Ordering::Relaxed) == 0)
-        );
-        let range = first.part_range(part);
-        // Every flag check and handler call of this run happens while present.
-        let _present = env.quiescence.enter();
-        let claimed = range.len() * jobs.len();
-        quiesce::hold(claimed as u64);
-        let mut progress = BatchProgress {
-            current: range.start,
-            job: 0,
-            jobs: jobs.len(),
-            exceptions: Exceptions::default(),
-        };
-        first.resuming(&mut progress, tally, |progress, tally| {
-            first.work_batch(jobs, range.end, env, runner, progress, tally);
-        });
-        quiesce::unhold(claimed as u64);
-        progress.exceptions.add_to(claimed, tally);
-    }
-
-    /// [`Self::run_chunk_batch`]'s hot loop, from `p` up to delivery `end`.
-    #[inline]
-    fn work_batch(
-        &self,
-        jobs: &[Arc<Self>],
-        end: usize,
-        env: &Env,
-        runner: &mut impl Runner<T>,
-        p: &mut BatchProgress,
-        tally: &mut Tally,
-    ) {
-        let mut sets = SetWalker::new(&self.lens);
-        while p.current < end {
-            let (set_index, offset, set_end) = sets.locate(p.current);
-            let stop = end.min(set_end);
-            let set = &self.sets[set_index];
-            // The jobs' messages with their positions in this set's ordered
-            // log, for ordered subscriptions to take as one (none if the
-            // set has no log).
-            let mut ordered = SmallVec::<[(&Arc<Message<T>>, u64); MAX_BATCH]>::new();
-            if jobs
-                .iter()
-                .any(|job| job.position(set_index) != NO_POSITION)
-            {
-                ordered.extend(
-                    jobs.iter()
-                        .map(|job| (&job.message, job.position(set_index))),
-                );
-            }
-            for run in set.runs(offset..offset + (stop - p.current)) {
-                for slot in run {
-                    match slot.get() {
-                        Some(entry) => {
-                            if p.job == 0
-                                && !ordered.is_empty()
-                                && entry.is_active()
-                                && entry
-                                    .sink
-                                    .deliver_batch(&ordered, &mut p.exceptions.settled)
-                            {
-                                p.job = jobs.len();
-                            }
-                            while let Some(job) = jobs.get(p.job) {
-                                if !entry.is_active() {
-                                    p.exceptions.not_delivered += 1;
-                                    p.job += 1;
-                                    continue;
-                                }
-                                let started = entry.sink.deliver_at(
-                                    &job.message,
-                                    job.position(set_index),
-                                    &mut p.exceptions.settled,
-                                );
-                                let unfinished = started.and_then(|started| {
-                                    pending::first_poll(started, env.handle.as_ref())
-                                });
-                                p.job += 1;
-                                if let Some(future) = unfinished {
-                                    p.exceptions.hand_over(future, runner, tally);
-                                }
-                            }
-                        }
-                        None => p.exceptions.not_delivered += jobs.len() - p.job,
-                    }
-                    p.job = 0;
-                    p.current += 1;
-                }
-            }
-        }
-    }
-
-    /// Counts chunk `chunk`'s deliveries as dropped without running them.
-    /// Returns the deliveries dropped.
-    pub(crate) fn drop_chunk(&self, chunk: usize, tally: &mut Tally) -> usize {
-        let range = self.chunk_range(chunk);
-        let dropped = self.discard(range.clone());
-        tally.dropped += dropped as u64;
-        tally.finished += range.len() as u64;
-        dropped
-    }
-
     /// Runs `work` to its end: a delivery that panics is caught, counted
     /// and reported, and `work` resumes just past it (a runner's other
     /// deliveries still run).
-    fn resuming<P: Resumable>(
+    pub(super) fn resuming<P: Resumable>(
         &self,
         progress: &mut P,
         tally: &mut Tally,
@@ -379,42 +283,6 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                 .panicked(self, delivery, panic.as_ref(), tally);
             progress.step_past();
         }
-    }
-
-    fn run_from(
-        &self,
-        env: &Env,
-        runner: &mut impl Runner<T>,
-        tally: &mut Tally,
-        chunk: Option<Range<usize>>,
-    ) {
-        // Every flag check and handler call of this run happens while present.
-        let _present = env.quiescence.enter();
-        self.runners.fetch_add(1, Ordering::Relaxed);
-        // This runner may be the helper that was queued: make room for another.
-        self.helper_queued.store(false, Ordering::Relaxed);
-        let mut progress = Progress {
-            current: 0,
-            claim_end: 0,
-            claimed: 0,
-            exceptions: Exceptions::default(),
-            grain: 1,
-            last_claim: None,
-            fixed: false,
-        };
-        if let Some(range) = chunk {
-            quiesce::hold(range.len() as u64);
-            progress.current = range.start;
-            progress.claim_end = range.end;
-            progress.claimed = range.len();
-            progress.fixed = true;
-        }
-        self.resuming(&mut progress, tally, |progress, tally| {
-            self.work(env, runner, progress, tally);
-        });
-        quiesce::unhold(progress.claimed as u64);
-        progress.exceptions.add_to(progress.claimed, tally);
-        self.runners.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// The hot loop: run the current claim, claim again, until done. It
@@ -458,11 +326,11 @@ impl<T: Send + Sync + 'static> Fanout<T> {
 
     /// Claims the next range for this runner. False when nothing is left.
     fn claim(&self, runner: &mut impl Runner<T>, p: &mut Progress) -> bool {
-        if p.fixed || (self.plan.single_claim && p.claimed > 0) {
+        if self.plan.single_claim && p.claimed > 0 {
             return false;
         }
         let units = if self.plan.unit == 1 && !self.plan.single_claim {
-            self.grain(p)
+            p.grain.next(FAST_UNIT)
         } else {
             1
         };
@@ -480,25 +348,6 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             self.enlist_helper(runner);
         }
         true
-    }
-
-    /// The grain of the next claim below the threshold; see the module docs.
-    fn grain(&self, p: &mut Progress) -> usize {
-        let now = crate::sync::now();
-        let cheap = p.last_claim.is_some_and(|(since, units)| {
-            now.saturating_duration_since(since) <= FAST_UNIT.saturating_mul(units as u32)
-        });
-        // Whether a worker is idle does not matter: one that is idle but
-        // does not come (not scheduled yet, or about to wait) left the
-        // runner claiming one unit at a time, a clock read and a contended
-        // add per delivery, for the whole job: 5-8x slower publishes.
-        p.grain = if cheap {
-            (p.grain * 2).min(MAX_GRAIN)
-        } else {
-            1
-        };
-        p.last_claim = Some((now, p.grain));
-        p.grain
     }
 
     fn enlist_helper(&self, runner: &mut impl Runner<T>) {
@@ -591,18 +440,9 @@ impl<T: Send + Sync + 'static> Fanout<T> {
     }
 }
 
-/// A batch runner's position: delivery `current` of job `job` is next.
-struct BatchProgress {
-    current: usize,
-    job: usize,
-    /// Jobs in the batch: each delivery is one job's at one subscription.
-    jobs: usize,
-    exceptions: Exceptions,
-}
-
 /// A runner's place in its deliveries, for [`Fanout::resuming`] to step
 /// past one that panicked.
-trait Resumable {
+pub(super) trait Resumable {
     /// The delivery it is at (the index of its subscription in the job).
     fn delivery(&self) -> usize;
     fn exceptions(&mut self) -> &mut Exceptions;
@@ -624,44 +464,29 @@ impl Resumable for Progress {
     }
 }
 
-impl Resumable for BatchProgress {
-    fn delivery(&self) -> usize {
-        self.current
-    }
-
-    fn exceptions(&mut self) -> &mut Exceptions {
-        &mut self.exceptions
-    }
-
-    /// The next job's delivery to the same subscription, or the first
-    /// job's to the next.
-    fn step_past(&mut self) {
-        self.job += 1;
-        if self.job == self.jobs {
-            self.job = 0;
-            self.current += 1;
-        }
-    }
-}
-
 /// What a runner's deliveries did other than deliver one message each: a
 /// runner counts only these in its hot loop and works out its tally from
 /// them at the end.
 #[derive(Default)]
-struct Exceptions {
+pub(super) struct Exceptions {
     /// Deliveries skipped, panicked or handed over.
-    not_delivered: usize,
+    pub(super) not_delivered: usize,
     /// Of those: async deliveries handed over to the runner, unfinished.
     handed_over: usize,
     /// Ordered deliveries that counted what they ran themselves.
-    settled: Settled,
+    pub(super) settled: Settled,
 }
 
 impl Exceptions {
     /// An async delivery not finished at its first poll: the runner takes
     /// it over, with its accounting.
     #[inline]
-    fn hand_over<T>(&mut self, future: BoxFuture, runner: &mut impl Runner<T>, tally: &mut Tally) {
+    pub(super) fn hand_over<T>(
+        &mut self,
+        future: BoxFuture,
+        runner: &mut impl Runner<T>,
+        tally: &mut Tally,
+    ) {
         self.handed_over += 1;
         self.not_delivered += 1;
         runner.pending(future, tally);
@@ -682,7 +507,7 @@ impl Exceptions {
     }
 
     /// Adds to `tally` what a runner that claimed `claimed` deliveries did.
-    fn add_to(&self, claimed: usize, tally: &mut Tally) {
+    pub(super) fn add_to(&self, claimed: usize, tally: &mut Tally) {
         tally.finished += (claimed - self.handed_over) as u64;
         let settled = self.settled;
         tally.delivered +=
@@ -694,14 +519,14 @@ impl Exceptions {
 
 /// Finds which handler set holds a delivery, moving forward only (a runner's
 /// claims only ever move forward).
-struct SetWalker<'a> {
+pub(super) struct SetWalker<'a> {
     lens: &'a [usize],
     index: usize,
     base: usize,
 }
 
 impl<'a> SetWalker<'a> {
-    fn new(lens: &'a [usize]) -> Self {
+    pub(super) fn new(lens: &'a [usize]) -> Self {
         Self {
             lens,
             index: 0,
@@ -712,7 +537,7 @@ impl<'a> SetWalker<'a> {
     /// The set holding `delivery`, its offset there, and the delivery number
     /// where that set ends.
     #[inline]
-    fn locate(&mut self, delivery: usize) -> (usize, usize, usize) {
+    pub(super) fn locate(&mut self, delivery: usize) -> (usize, usize, usize) {
         while delivery >= self.base + self.lens[self.index] {
             self.base += self.lens[self.index];
             self.index += 1;
@@ -730,8 +555,9 @@ mod tests {
     use std::sync::atomic::{AtomicU64, AtomicUsize as StdAtomicUsize};
     use std::sync::Arc;
 
-    use super::{Fanout, Part, Runner};
+    use super::{Fanout, Runner};
     use crate::config::{Config, DeliveryMode, Overflow};
+    use crate::dispatch::batch::Batch;
     use crate::dispatch::{Env, Policy, TaskGauge};
     use crate::message::Message;
     use crate::registry::entry::{BoxFuture, HandlerEntry, Subscriber, SyncSink};
@@ -822,21 +648,118 @@ mod tests {
         );
     }
 
+    /// A worker that joins a batch claims the subscriptions its owner has
+    /// not reached, while the owner is blocked in a handler: a handler that
+    /// blocks holds up only itself, and each subscription still receives
+    /// the publishes in order.
+    #[test]
+    fn a_joining_runner_takes_the_subscriptions_a_blocked_owner_left() {
+        use std::sync::mpsc;
+        use std::sync::Mutex;
+        use std::thread::ThreadId;
+        const HANDLERS: u64 = 4;
+        let config = Config {
+            delivery: DeliveryMode::WorkerPool,
+            ..Config::default()
+        };
+        let env = Arc::new(Env {
+            counters: Arc::new(Counters::new()),
+            quiescence: Arc::new(crate::registry::quiesce::Quiescence::new()),
+            workers: 2,
+            handle: None,
+            tasks: TaskGauge::new(4),
+            overflow: Overflow::Wait,
+        });
+        let (release, released) = mpsc::channel::<()>();
+        let released = Mutex::new(released);
+        let (entered, blocked) = mpsc::channel::<()>();
+        let entered = Mutex::new(entered);
+        let seen = Arc::new(Mutex::new(Vec::<(u64, u32, ThreadId)>::new()));
+        let trie = Trie::<u32>::new();
+        let unblock = Arc::new((released, entered));
+        for id in 0..HANDLERS {
+            let (seen, unblock) = (Arc::clone(&seen), Arc::clone(&unblock));
+            let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
+                id,
+                SyncSink(move |m: &Message<u32>| {
+                    if id == 0 && *m.data() == 0 {
+                        // The owner blocks here until the joiner is done.
+                        let _ = unblock.1.lock().unwrap().send(());
+                        let _ = unblock.0.lock().unwrap().recv();
+                    }
+                    seen.lock()
+                        .unwrap()
+                        .push((id, *m.data(), std::thread::current().id()));
+                }),
+            ));
+            assert!(trie.insert::<Handlers>("t", |_| entry).is_ok());
+        }
+        let sets = RouteCache::<u32>::new(2).route(&trie, "t").handler_sets();
+        let jobs = (0..3)
+            .map(|value| {
+                Arc::new(
+                    Fanout::new(
+                        Arc::new(Message::new("t", value)),
+                        sets.clone(),
+                        Default::default(),
+                        &Policy::new(&config),
+                    )
+                    .unwrap(),
+                )
+            })
+            .collect();
+        let batch = Arc::new(Batch::of(jobs));
+        let owner = {
+            let (batch, env) = (Arc::clone(&batch), Arc::clone(&env));
+            std::thread::spawn(move || {
+                let mut tally = Tally::default();
+                let mut runner = LonelyRunner {
+                    claims: StdAtomicUsize::new(0),
+                };
+                batch.run(&env, &mut runner, &mut tally);
+                (tally, std::thread::current().id())
+            })
+        };
+        blocked.recv().unwrap();
+        assert!(batch.wants_help(), "the owner claimed only what blocks");
+        let mut tally = Tally::default();
+        let mut runner = LonelyRunner {
+            claims: StdAtomicUsize::new(0),
+        };
+        batch.run(&env, &mut runner, &mut tally);
+        assert!(!batch.wants_help());
+        let joiner = std::thread::current().id();
+        release.send(()).unwrap();
+        let (owner_tally, owner) = owner.join().unwrap();
+        let seen = seen.lock().unwrap().clone();
+        for id in 0..HANDLERS {
+            let calls: Vec<_> = seen.iter().filter(|(who, ..)| *who == id).collect();
+            let values: Vec<_> = calls.iter().map(|(_, value, _)| *value).collect();
+            assert_eq!(values, [0, 1, 2], "subscription {id}: in order");
+            let thread = if id == 0 { owner } else { joiner };
+            assert!(calls.iter().all(|(.., ran)| *ran == thread), "{id}");
+        }
+        assert_eq!(owner_tally.delivered, 3);
+        assert_eq!(tally.delivered, 3 * (HANDLERS - 1));
+        assert_eq!(owner_tally.finished + tally.finished, 3 * HANDLERS);
+    }
+
     /// A batch of three publishes runs each subscription's deliveries in
     /// publish order, skips a removed subscription, resumes after a panic
-    /// with the next delivery, and counts as three single runs would.
+    /// with the next delivery, and counts as three single runs would:
+    /// above the threshold (one chunk) ...
     #[test]
     fn a_batch_runs_each_subscription_in_order_and_counts_like_single_runs() {
-        batch_runs_in_order_and_counts(1, Part::Chunk(0));
+        batch_runs_in_order_and_counts(1);
     }
 
-    /// The same below the threshold, where the batch takes whole jobs.
+    /// ... and below it (a unit per subscription).
     #[test]
     fn a_batch_of_whole_jobs_runs_in_order_and_counts_like_single_runs() {
-        batch_runs_in_order_and_counts(100, Part::Whole);
+        batch_runs_in_order_and_counts(100);
     }
 
-    fn batch_runs_in_order_and_counts(threshold: usize, part: Part) {
+    fn batch_runs_in_order_and_counts(threshold: usize) {
         use std::sync::Mutex;
         const HANDLERS: u64 = 6;
         let config = Config {
@@ -883,16 +806,14 @@ mod tests {
                 )
             })
             .collect();
-        match part {
-            Part::Chunk(_) => assert!(jobs[0].plan().unit == HANDLERS as usize, "one chunk"),
-            Part::Whole => assert!(jobs.iter().all(|job| job.has_one_claiming_runner())),
-        }
+        assert!(jobs.iter().all(|job| job.has_one_claiming_runner()));
         assert!(jobs.iter().all(|job| jobs[0].same_chunks(job)));
         let mut runner = LonelyRunner {
             claims: StdAtomicUsize::new(0),
         };
         let mut tally = Tally::default();
-        Fanout::run_chunk_batch(&jobs, &env, &mut runner, &mut tally, part);
+        let batch = Batch::of(jobs.iter().cloned().collect());
+        batch.run(&env, &mut runner, &mut tally);
         let seen = seen.lock().unwrap().clone();
         let expected: Vec<_> = (0..HANDLERS)
             .filter(|&id| id != 4)

@@ -6,7 +6,11 @@
 //! - `tasks.rs` — `TaskPerSubscriber`: runners are tokio tasks, at most
 //!   `max_inflight_tasks` alive.
 //! - `pool.rs` — `WorkerPool`: runners are jobs on bounded crossbeam queues,
-//!   one per worker thread, chunks pinned to workers, idle workers stealing.
+//!   one per worker thread; a topic's publishes go to its home worker, and
+//!   an idle worker helps a lone publish or takes over from a stalled one.
+//! - `batch.rs` — publishes queued behind one another to the same
+//!   subscriptions, run by a pool worker subscription by subscription (and
+//!   joined by another if it stalls).
 //! - `inline.rs` — `Inline`: the publisher is the only runner.
 //! - `ordered_sink.rs` — sync ordered handlers: delivered by the job like
 //!   any handler, one runner at a time per subscription, reading the node's
@@ -40,12 +44,13 @@
 //!   enlists a helper runner whenever units remain, fewer than `workers`
 //!   runners are on the job, and a worker is idle right now (a job queued
 //!   behind another to the same subscriptions runs whole with it, in one
-//!   batch: see `pool.rs`); in `TaskPerSubscriber`, up to `workers`, all
+//!   batch: see `batch.rs`); in `TaskPerSubscriber`, up to `workers`, all
 //!   spawned by the publisher (see `tasks.rs`);
-//! - `Batch::Chunked` above the threshold: in `WorkerPool`, one per chunk,
-//!   and chunk `c` always runs on worker `c % workers` (see `pool.rs`: a
-//!   subscription's deliveries stay on one core, publish after publish); in
-//!   `TaskPerSubscriber`, up to one per chunk, spawned by the publisher;
+//! - `Batch::Chunked` above the threshold: in `WorkerPool`, one, as below
+//!   it, with chunks for units (see `pool.rs`: a topic's publishes run at
+//!   its home worker, so a subscription's deliveries stay on one core,
+//!   publish after publish); in `TaskPerSubscriber`, up to one per chunk,
+//!   spawned by the publisher;
 //! - `Batch::Single` above the threshold: one, for the single unit.
 //!
 //! # Accounting
@@ -54,6 +59,7 @@
 //! the overflow policy). Runners add up what they did in a [`Tally`] and
 //! publish it to the shared counters once per job, not once per delivery.
 
+mod batch;
 mod direct;
 mod fanout;
 mod inline;
@@ -225,6 +231,13 @@ impl<T: Send + Sync + 'static> Dispatcher<T> {
             Dispatcher::Tasks(tasks) => tasks.dispatch(Arc::new(job), env),
             Dispatcher::Pool(pool) => pool.dispatch(Arc::new(job), env),
             Dispatcher::Inline => inline::run(&job, env),
+        }
+    }
+
+    /// The bus starts closing: publishers stop waiting for room.
+    pub(crate) fn closing(&self) {
+        if let Dispatcher::Pool(pool) = self {
+            pool.stop_waiting();
         }
     }
 

@@ -89,7 +89,9 @@ pub(crate) fn settle(
             tally.finished += 1;
             None
         }
-        Overflow::CallerRuns => match place {
+        // A pending async delivery past the task cap is finished where it
+        // is, waiting or not: there is no queue to wait for room in.
+        Overflow::Wait | Overflow::CallerRuns => match place {
             Place::Publisher if Handle::try_current().is_ok() => {
                 handle.spawn(finish(future, Arc::clone(env), None));
                 None

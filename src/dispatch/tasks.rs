@@ -3,10 +3,11 @@
 //! Each runner of a job is a task spawned on the bus's runtime handle (never
 //! on the caller's context). At most `max_inflight_tasks` tasks of the bus —
 //! runners and continued async deliveries together — are alive at once; when
-//! a runner cannot be spawned the overflow policy applies: `CallerRuns` runs
-//! it on the publisher's thread (seed `003`'s "spawn while fewer than Max are
-//! running, else run inline"), `Drop` and `Error` count its deliveries as
-//! dropped.
+//! a runner cannot be spawned the overflow policy applies: `CallerRuns` and
+//! `Wait` run it on the publisher's thread (seed `003`'s "spawn while fewer
+//! than Max are running, else run inline"; a publisher on a runtime thread
+//! that waited for tasks could be the thread they need), `Drop` and `Error`
+//! count its deliveries as dropped.
 //!
 //! A runner task runs its units without yielding, like a worker would; it
 //! is as long as one chunk of a publish (a single subscription below the
@@ -62,7 +63,9 @@ impl Tasks {
                     started = true;
                 }
                 None => match env.overflow {
-                    Overflow::CallerRuns => {
+                    // A runtime thread that waited for a task slot could be
+                    // the one the tasks need: `Wait` runs here too.
+                    Overflow::Wait | Overflow::CallerRuns => {
                         let mut runner = TaskModeRunner::new(env, Place::Publisher);
                         caller_runs(&job, &mut runner, env);
                     }

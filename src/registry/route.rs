@@ -15,6 +15,12 @@
 //! The cache is a fixed table of slots (direct-mapped by topic hash), so its
 //! memory is bounded by its capacity whatever topics are published; two
 //! topics that share a slot simply evict each other.
+//!
+//! Each cached route carries a *home*: a number the worker pool maps to the
+//! worker that runs the route's publishes. Routes get homes in turn (so two
+//! busy topics land on two workers), and a route rebuilt for its topic
+//! keeps the one it had (so a topic's deliveries stay on one worker while
+//! its subscriptions change).
 
 use std::sync::Arc;
 
@@ -24,7 +30,7 @@ use super::entry::NO_POSITION;
 use super::subset::{HandlerSet, StreamSet};
 use super::trie::{topic_hash, NodeSubs, Trie};
 use crate::message::Message;
-use crate::sync::OptionArcCell;
+use crate::sync::{AtomicUsize, OptionArcCell, Ordering};
 
 /// The handler sets one publish reaches, loaded from its route's nodes.
 /// Inline up to four (a topic rarely matches more filters): no allocation.
@@ -43,6 +49,8 @@ pub(crate) type Positions = SmallVec<[u64; 1]>;
 pub(crate) struct Route<T> {
     pub(crate) stamp: u64,
     pub(crate) topic: Arc<str>,
+    /// Which worker runs this route's publishes (see the module docs).
+    pub(crate) home: usize,
     nodes: Box<[Arc<NodeSubs<T>>]>,
 }
 
@@ -55,6 +63,7 @@ impl<T> Route<T> {
         let matched = trie.overlapping(topic);
         Route {
             stamp: matched.stamp,
+            home: topic_hash(topic) as usize,
             topic: Arc::from(topic),
             nodes: matched.nodes.into_boxed_slice(),
         }
@@ -66,6 +75,7 @@ impl<T> Route<T> {
     pub(crate) fn single(topic: Arc<str>, node: Arc<NodeSubs<T>>) -> Self {
         Route {
             stamp: 0,
+            home: topic_hash(&topic) as usize,
             topic,
             nodes: Box::new([node]),
         }
@@ -138,6 +148,8 @@ impl<T> Route<T> {
 
 pub(crate) struct RouteCache<T> {
     slots: Box<[OptionArcCell<Route<T>>]>,
+    /// The home the next new route gets.
+    next_home: AtomicUsize,
 }
 
 impl<T: 'static> RouteCache<T> {
@@ -150,6 +162,7 @@ impl<T: 'static> RouteCache<T> {
         };
         Self {
             slots: (0..slots).map(|_| OptionArcCell::empty()).collect(),
+            next_home: AtomicUsize::new(0),
         }
     }
 
@@ -193,10 +206,15 @@ impl<T: 'static> RouteCache<T> {
 
     /// Builds the route from the trie and caches it (when the cache is on).
     fn build_and_cache(&self, trie: &Trie<T>, topic: &str, hash: u64) -> Arc<Route<T>> {
-        let route = Arc::new(build(trie, topic, hash));
-        if !self.slots.is_empty() {
-            self.slot(hash).store(Some(Arc::clone(&route)));
+        if self.slots.is_empty() {
+            return Arc::new(build(trie, topic, hash, hash as usize));
         }
+        let slot = self.slot(hash);
+        let home = slot
+            .with(|old| old.filter(|old| &*old.topic == topic).map(|old| old.home))
+            .unwrap_or_else(|| self.next_home.fetch_add(1, Ordering::Relaxed));
+        let route = Arc::new(build(trie, topic, hash, home));
+        slot.store(Some(Arc::clone(&route)));
         route
     }
 
@@ -219,10 +237,11 @@ impl<T: 'static> RouteCache<T> {
     }
 }
 
-fn build<T: 'static>(trie: &Trie<T>, topic: &str, hash: u64) -> Route<T> {
+fn build<T: 'static>(trie: &Trie<T>, topic: &str, hash: u64, home: usize) -> Route<T> {
     let matched = trie.matched(topic, hash);
     Route {
         stamp: matched.stamp,
+        home,
         topic: Arc::from(topic),
         nodes: matched.nodes.into_boxed_slice(),
     }

@@ -120,7 +120,12 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 pub const BATCHES: [Batch; 2] = [Batch::Single, Batch::Chunked];
 
 /// Every overflow policy.
-pub const POLICIES: [Overflow; 3] = [Overflow::CallerRuns, Overflow::Drop, Overflow::Error];
+pub const POLICIES: [Overflow; 4] = [
+    Overflow::Wait,
+    Overflow::CallerRuns,
+    Overflow::Drop,
+    Overflow::Error,
+];
 
 /// A multi-threaded tokio runtime of `threads` workers, to hand to a bus with
 /// `BusBuilder::runtime` (so tests can stay plain `#[test]`s that block).
