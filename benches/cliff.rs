@@ -154,8 +154,8 @@ fn cliff(c: &mut Criterion) {
 }
 
 /// Allocations and bytes per publish at one point, and how many units of
-/// work per publish the publisher ran itself (`Overflow::CallerRuns`, when
-/// the pool's queue or the task cap was full).
+/// work per publish the publisher ran itself (`Overflow::Wait`, when the
+/// task cap was full).
 #[derive(Clone, Copy, Debug, Default)]
 struct Allocs {
     allocations: f64,
@@ -460,10 +460,11 @@ fn write_report(
         },
     );
     caller.note = "Counted in the allocation pass (`stats().caller_runs` / publishes). \
-                   Under `Overflow::CallerRuns` the publisher runs a unit itself when the \
-                   pool's queue (4,096 jobs) is full or `max_inflight_tasks` (1,024) tasks \
-                   are alive. With `Batch::Single` at T ≥ 1,000 a publish is 1,000 units, \
-                   so a burst of 100 publishes overflows both."
+                   Under `Overflow::Wait` (the default) the publisher waits when the \
+                   pool's queue (4,096 jobs) is full, and runs a unit itself when \
+                   `max_inflight_tasks` (1,024) tasks are alive. With `Batch::Single` at \
+                   T ≥ 1,000 a publish is 1,000 units, so a burst of 100 publishes \
+                   overflows both."
         .into();
 
     // The ratios the issue sets targets for.

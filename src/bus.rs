@@ -548,9 +548,12 @@ impl<T: Send + Sync + 'static> Bus<T> {
 
     /// Publishes `data` to `topic`; returns how many subscriptions it matched.
     ///
-    /// Never waits for a lock or for queue room. In `Inline` mode, and under
-    /// `Overflow::CallerRuns` when the pool or task cap is full, it runs
-    /// deliveries itself before returning.
+    /// Never waits for a lock. When the worker pool's queue for the topic is
+    /// full it waits for room under `Overflow::Wait` (the default; a
+    /// handler that publishes, or a bus that is closing, runs the work
+    /// itself instead). In `Inline` mode, and under `Overflow::CallerRuns`
+    /// when the pool or task cap is full, it runs deliveries itself before
+    /// returning.
     ///
     /// Errors: [`Error::Topic`] for an invalid topic name, [`Error::Closed`]
     /// after `close`, and [`Error::Overloaded`] under `Overflow::Error` when
