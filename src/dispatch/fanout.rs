@@ -561,9 +561,38 @@ mod tests {
     use crate::dispatch::{Env, Policy, TaskGauge};
     use crate::message::Message;
     use crate::registry::entry::{BoxFuture, HandlerEntry, Subscriber, SyncSink};
-    use crate::registry::route::RouteCache;
+    use crate::registry::route::{HandlerSets, RouteCache};
     use crate::registry::trie::{Handlers, Trie};
     use crate::stats::{Counters, Tally};
+
+    /// What a job's runners share, for a bus of `workers` under `overflow`.
+    fn test_env(workers: usize, overflow: Overflow) -> Env {
+        Env {
+            counters: Arc::new(Counters::new()),
+            quiescence: Arc::new(crate::registry::quiesce::Quiescence::new()),
+            workers,
+            handle: None,
+            tasks: TaskGauge::new(4),
+            overflow,
+        }
+    }
+
+    /// Three publishes (values 0, 1, 2) to topic "t"'s `sets`.
+    fn three_publishes(sets: &HandlerSets<u32>, config: &Config) -> Vec<Arc<Fanout<u32>>> {
+        (0..3)
+            .map(|value| {
+                Arc::new(
+                    Fanout::new(
+                        Arc::new(Message::new("t", value)),
+                        sets.clone(),
+                        Default::default(),
+                        &Policy::new(config),
+                    )
+                    .unwrap(),
+                )
+            })
+            .collect()
+    }
 
     /// A runner that always sees an idle worker, which never comes.
     struct LonelyRunner {
@@ -599,14 +628,7 @@ mod tests {
             max_concurrent_subscriptions: 2 * HANDLERS,
             ..Config::default()
         };
-        let env = Env {
-            counters: Arc::new(Counters::new()),
-            quiescence: Arc::new(crate::registry::quiesce::Quiescence::new()),
-            workers: 2,
-            handle: None,
-            tasks: TaskGauge::new(4),
-            overflow: Overflow::CallerRuns,
-        };
+        let env = test_env(2, Overflow::CallerRuns);
         let calls = Arc::new(AtomicU64::new(0));
         let trie = Trie::<u32>::new();
         for id in 0..HANDLERS as u64 {
@@ -662,14 +684,7 @@ mod tests {
             delivery: DeliveryMode::WorkerPool,
             ..Config::default()
         };
-        let env = Arc::new(Env {
-            counters: Arc::new(Counters::new()),
-            quiescence: Arc::new(crate::registry::quiesce::Quiescence::new()),
-            workers: 2,
-            handle: None,
-            tasks: TaskGauge::new(4),
-            overflow: Overflow::Wait,
-        });
+        let env = Arc::new(test_env(2, Overflow::Wait));
         let (release, released) = mpsc::channel::<()>();
         let released = Mutex::new(released);
         let (entered, blocked) = mpsc::channel::<()>();
@@ -695,19 +710,7 @@ mod tests {
             assert!(trie.insert::<Handlers>("t", |_| entry).is_ok());
         }
         let sets = RouteCache::<u32>::new(2).route(&trie, "t").handler_sets();
-        let jobs = (0..3)
-            .map(|value| {
-                Arc::new(
-                    Fanout::new(
-                        Arc::new(Message::new("t", value)),
-                        sets.clone(),
-                        Default::default(),
-                        &Policy::new(&config),
-                    )
-                    .unwrap(),
-                )
-            })
-            .collect();
+        let jobs = three_publishes(&sets, &config).into_iter().collect();
         let batch = Arc::new(Batch::of(jobs));
         let owner = {
             let (batch, env) = (Arc::clone(&batch), Arc::clone(&env));
@@ -767,14 +770,7 @@ mod tests {
             max_concurrent_subscriptions: threshold,
             ..Config::default()
         };
-        let env = Env {
-            counters: Arc::new(Counters::new()),
-            quiescence: Arc::new(crate::registry::quiesce::Quiescence::new()),
-            workers: 1,
-            handle: None,
-            tasks: TaskGauge::new(4),
-            overflow: Overflow::CallerRuns,
-        };
+        let env = test_env(1, Overflow::CallerRuns);
         let seen = Arc::new(Mutex::new(Vec::new()));
         let trie = Trie::<u32>::new();
         let mut entries = Vec::new();
@@ -793,19 +789,7 @@ mod tests {
         }
         assert!(entries[4].deactivate(), "subscription 4 was removed");
         let sets = RouteCache::<u32>::new(2).route(&trie, "t").handler_sets();
-        let jobs: Vec<_> = (0..3)
-            .map(|value| {
-                Arc::new(
-                    Fanout::new(
-                        Arc::new(Message::new("t", value)),
-                        sets.clone(),
-                        Default::default(),
-                        &Policy::new(&config),
-                    )
-                    .unwrap(),
-                )
-            })
-            .collect();
+        let jobs = three_publishes(&sets, &config);
         assert!(jobs.iter().all(|job| job.has_one_claiming_runner()));
         assert!(jobs.iter().all(|job| jobs[0].same_chunks(job)));
         let mut runner = LonelyRunner {

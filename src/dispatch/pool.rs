@@ -598,39 +598,45 @@ fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<
         };
         if jobs.len() > 1 {
             let batch = batch_of(&mut spare, jobs);
-            let joinable = job.total() > 1;
-            if joinable {
-                drop(shared.show_running(me, Some(Joinable::Batch(Arc::clone(&batch)))));
-            }
-            shared.share_rest(me, joinable);
-            run_batch(&batch, shared, env);
-            if joinable {
-                drop(shared.show_running(me, None));
-            }
+            let shown = (job.total() > 1).then(|| Joinable::Batch(Arc::clone(&batch)));
+            run_shown(me, shared, shown, || run_batch(&batch, shared, env));
             shared.release(from, batch.len() - 1);
             spare = Some(emptied(batch));
         } else {
             // A lone job claims, and enlists helpers while a worker is free;
             // one that turns free later joins it if it stalls.
-            let joinable = whole && job.plan().max_runners > 1;
-            if joinable {
-                drop(shared.show_running(me, Some(Joinable::Job(Arc::clone(&job)))));
-            }
-            shared.share_rest(me, joinable);
-            let mut runner = PoolRunner {
-                shared,
-                job: &job,
-                env,
-                place: Place::Worker,
-            };
-            let mut tally = Tally::default();
-            job.run(env, &mut runner, &mut tally);
-            env.counters.add(&tally);
-            if joinable {
-                drop(shared.show_running(me, None));
-            }
+            let shown =
+                (whole && job.plan().max_runners > 1).then(|| Joinable::Job(Arc::clone(&job)));
+            run_shown(me, shared, shown, || run_job(&job, shared, env));
         }
     }
+}
+
+/// Runs `run` on worker `me` with `shown` (work another worker may join)
+/// in its slot meanwhile, after waking a waiting worker to watch it.
+fn run_shown<T>(me: usize, shared: &Shared<T>, shown: Option<Joinable<T>>, run: impl FnOnce()) {
+    let joinable = shown.is_some();
+    if joinable {
+        drop(shared.show_running(me, shown));
+    }
+    shared.share_rest(me, joinable);
+    run();
+    if joinable {
+        drop(shared.show_running(me, None));
+    }
+}
+
+/// Runs (or helps) `job` on a worker: it claims, and enlists helpers.
+fn run_job<T: Send + Sync + 'static>(job: &Arc<Fanout<T>>, shared: &Shared<T>, env: &Arc<Env>) {
+    let mut runner = PoolRunner {
+        shared,
+        job,
+        env,
+        place: Place::Worker,
+    };
+    let mut tally = Tally::default();
+    job.run(env, &mut runner, &mut tally);
+    env.counters.add(&tally);
 }
 
 /// Runs (or joins) `batch` on a worker.
