@@ -22,6 +22,10 @@
 //! bursts of 10,000 publishes, 5 repetitions alternating between thresholds;
 //! the table gives each threshold's median and spread, and the slowest
 //! threshold's median over the fastest's (the cliff a service would see).
+//! With `BLAZESUB_PLACEMENT=1` it also prints, per repetition, which threads
+//! ran and how long each waited for a core (`common/placement.rs`): a bus
+//! slower than its siblings shows whether its pool shared the topic's work
+//! between two workers or had a worker kept off a core.
 //!
 //! `cargo bench --bench cliff`
 
@@ -35,11 +39,11 @@ use blazesub::{Batch, Bus, DeliveryMode};
 use criterion::{criterion_group, BenchmarkId, Criterion};
 
 use common::report::{criterion_results, format_ns, Chart, Estimate, Report, Series, Table};
-use common::service;
 use common::{
     alloc_snapshot, bench_mode, counting_subscribers, runtime, time_bursts, wait_for,
     CountingAllocator, Payload, Setup, BURST,
 };
+use common::{placement, service};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -359,9 +363,17 @@ fn service_thresholds() -> (Vec<ServicePoint>, f64) {
     }
     service::burst(&rt, &inline_bus, &mut inline.0, publishes);
     for _ in 0..repetitions {
-        for (_, bus, workloads, samples) in &mut points {
+        for (threshold, bus, workloads, samples) in &mut points {
+            let before = placement::ThreadTimes::now();
             let time = service::burst(&rt, bus, workloads, publishes);
-            samples.push(time.as_nanos() as f64 / publishes as f64);
+            let ns = time.as_nanos() as f64 / publishes as f64;
+            samples.push(ns);
+            if let (Some(before), Some(after)) = (before, placement::ThreadTimes::now()) {
+                println!(
+                    "service, T = {threshold:>5}: {ns:.0} ns/publish; {}",
+                    after.since(&before)
+                );
+            }
         }
         let time = service::burst(&rt, &inline_bus, &mut inline.0, publishes);
         inline.1.push(time.as_nanos() as f64 / publishes as f64);

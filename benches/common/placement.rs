@@ -10,6 +10,10 @@
 //! contracts bench's handler case), where the counter's line never moves (`docs/design-notes.md` §13, fifteenth
 //! session).
 //!
+//! [`ThreadTimes`] is the second look: each thread's time on a core and
+//! time kept waiting for one across a burst (`/proc/self/task/*/schedstat`),
+//! printed per repetition by the cliff bench's service pass.
+//!
 //! Opt-in (`BLAZESUB_PLACEMENT=1`): the sampler is a thread waking every
 //! millisecond, which the timed figures should not carry by default. Linux
 //! only: it reads `/proc/self/task/*/stat`.
@@ -134,5 +138,75 @@ fn sample(counts: &Counts) {
         } else {
             counts.spread.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+/// Each thread's scheduler accounting at one moment (Linux `schedstat`):
+/// time on a core and time runnable but waiting for one. Compared across a
+/// burst, it says which threads did the work and which were kept off a core,
+/// the two facts that tell a stacked pair of threads (long waits) from two
+/// threads sharing one topic's work (two pool workers running).
+pub struct ThreadTimes(Vec<ThreadTime>);
+
+struct ThreadTime {
+    tid: String,
+    name: String,
+    run_ns: u64,
+    wait_ns: u64,
+}
+
+impl ThreadTimes {
+    /// Every thread of the process now; `None` unless [`wanted`] on Linux.
+    pub fn now() -> Option<Self> {
+        if !wanted() {
+            return None;
+        }
+        let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+        let threads = tasks
+            .flatten()
+            .filter_map(|task| {
+                let path = task.path();
+                let stat = std::fs::read_to_string(path.join("schedstat")).ok()?;
+                let mut fields = stat.split_whitespace().map(|f| f.parse::<u64>().ok());
+                let (run_ns, wait_ns) = (fields.next()??, fields.next()??);
+                let name = std::fs::read_to_string(path.join("comm")).ok()?;
+                Some(ThreadTime {
+                    tid: task.file_name().to_string_lossy().into_owned(),
+                    name: name.trim().to_owned(),
+                    run_ns,
+                    wait_ns,
+                })
+            })
+            .collect();
+        Some(Self(threads))
+    }
+
+    /// The threads that ran at least a millisecond since `before`, busiest
+    /// first: "name/tid ran R ms, waited W ms".
+    pub fn since(&self, before: &Self) -> String {
+        let mut busy: Vec<(u64, String)> = self
+            .0
+            .iter()
+            .filter_map(|now| {
+                let then = before.0.iter().find(|then| then.tid == now.tid)?;
+                let ran = now.run_ns.saturating_sub(then.run_ns);
+                let waited = now.wait_ns.saturating_sub(then.wait_ns);
+                (ran >= 1_000_000).then(|| {
+                    let line = format!(
+                        "{}/{} ran {:.1} ms, waited {:.1} ms",
+                        now.name,
+                        now.tid,
+                        ran as f64 / 1e6,
+                        waited as f64 / 1e6
+                    );
+                    (ran, line)
+                })
+            })
+            .collect();
+        busy.sort_by_key(|(ran, _)| std::cmp::Reverse(*ran));
+        busy.into_iter()
+            .map(|(_, line)| line)
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 }
