@@ -81,11 +81,17 @@ pub enum Overflow {
     /// subscribers is slowed to their pace, while every delivery still runs
     /// on a worker. The default.
     ///
+    /// In [`DeliveryMode::TaskPerSubscriber`] the room is the route's lane
+    /// (`max_inflight_tasks / workers` publishes, queued or running): the
+    /// publisher waits only while the lane's task runs elsewhere, and runs
+    /// the lane's queued work itself when nobody runs it (its task may be
+    /// waiting for the very thread the publisher is on) or when it has
+    /// started nothing for a millisecond.
+    ///
     /// Where waiting could deadlock, the publisher runs the unit of work
-    /// itself, as under [`Overflow::CallerRuns`]: on a pool worker (a
-    /// handler that publishes), once the bus is closing, and in
-    /// [`DeliveryMode::TaskPerSubscriber`] (a runtime thread that waited for
-    /// tasks could be the one they need). A waiting `publish` blocks its
+    /// itself, as under [`Overflow::CallerRuns`]: on a pool worker or inside
+    /// a handler (a handler that publishes), once the bus is closing, and
+    /// for a task the cap has no slot for. A waiting `publish` blocks its
     /// thread the way running a handler would; it cannot be cancelled.
     ///
     /// Why it is the default: a publisher that runs a route's handlers
@@ -164,7 +170,10 @@ pub struct Config {
     /// The most tasks a `TaskPerSubscriber` bus (or an async handler still
     /// running after its first poll) keeps alive at once. Default 1,024: enough
     /// to keep every core busy through bursts, while a burst of 10,000 publishes
-    /// cannot queue gigabytes of tasks. Must be at least 1.
+    /// cannot queue gigabytes of tasks. In `TaskPerSubscriber` mode it also
+    /// sizes the lanes a topic's publishes queue in: `max_inflight_tasks /
+    /// workers` publishes each (at least 1), queued or running; a full lane
+    /// meets the [`Overflow`] policy. Must be at least 1.
     pub max_inflight_tasks: usize,
     /// How many messages a stream subscription's mailbox holds. When it is full
     /// the oldest message is dropped and counted, so `publish` never waits for a

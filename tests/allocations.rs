@@ -104,3 +104,39 @@ fn a_lossless_publish_to_a_hundred_streams_allocates_twice_at_most() {
     let per = per_publish(StreamOverflow::Backpressure);
     assert!(per <= 2.0, "{per} allocations per publish");
 }
+
+/// A burst to one topic of a `TaskPerSubscriber` bus queues its publishes
+/// in the topic's lane: each allocates its message and its job, and no
+/// task of its own (a task per publish, as before lanes, made it 3 or more).
+/// The lane's task and the helpers of a lone publish are spawned only when
+/// the lane was empty, so a few publishes of the burst pay for a spawn.
+#[test]
+fn a_burst_to_a_task_bus_spawns_no_task_per_publish() {
+    const HANDLERS: usize = 1_000;
+    const BURST: u64 = 2_000;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .expect("a runtime");
+    let bus = Bus::<u64>::builder()
+        .delivery(DeliveryMode::TaskPerSubscriber)
+        .runtime(rt.handle().clone())
+        .build()
+        .expect("bus");
+    let _subs: Vec<_> = (0..HANDLERS)
+        .map(|_| bus.subscribe("alloc/burst", |_| {}).expect("subscribe"))
+        .collect();
+    bus.publish("alloc/burst", 0).expect("publish");
+    while bus.inflight_messages() > 0 {
+        std::thread::yield_now();
+    }
+    let before = allocations();
+    for n in 1..=BURST {
+        bus.publish("alloc/burst", n).expect("publish");
+    }
+    let per = (allocations() - before) as f64 / BURST as f64;
+    while bus.inflight_messages() > 0 {
+        std::thread::yield_now();
+    }
+    assert!(per <= 2.2, "{per} allocations per publish");
+}

@@ -4,7 +4,11 @@
 //!   dispatcher, shared by every mode.
 //! - `fanout.rs` — the per-publish job and the claiming loop runners run.
 //! - `tasks.rs` — `TaskPerSubscriber`: runners are tokio tasks, at most
-//!   `max_inflight_tasks` alive.
+//!   `max_inflight_tasks` alive; a topic's publishes go to its lane, run
+//!   by one task at a time, watched by a thread that starts a helper for a
+//!   stuck lane.
+//! - `lane.rs` — a lane: the bounded queue of publishes a lane's servers
+//!   take, in batches, one server at a time.
 //! - `pool.rs` — `WorkerPool`: runners are jobs on bounded crossbeam queues,
 //!   one per worker thread; a topic's publishes go to its home worker, and
 //!   an idle worker helps a lone publish or takes over from a stalled one.
@@ -44,13 +48,15 @@
 //!   enlists a helper runner whenever units remain, fewer than `workers`
 //!   runners are on the job, and a worker is idle right now (a job queued
 //!   behind another to the same subscriptions runs whole with it, in one
-//!   batch: see `batch.rs`); in `TaskPerSubscriber`, up to `workers`, all
-//!   spawned by the publisher (see `tasks.rs`);
+//!   batch: see `batch.rs`); in `TaskPerSubscriber`, the lane's task, which
+//!   runs a job queued behind another to the same subscriptions whole with
+//!   it, and for a lone publish up to `workers - 1` helper tasks spawned by
+//!   the publisher (see `tasks.rs`);
 //! - `Batch::Chunked` above the threshold: in `WorkerPool`, one, as below
 //!   it, with chunks for units (see `pool.rs`: a topic's publishes run at
 //!   its home worker, so a subscription's deliveries stay on one core,
-//!   publish after publish); in `TaskPerSubscriber`, up to one per chunk,
-//!   spawned by the publisher;
+//!   publish after publish); in `TaskPerSubscriber`, the same as below the
+//!   threshold, with chunks for units;
 //! - `Batch::Single` above the threshold: one, for the single unit.
 //!
 //! # Accounting
@@ -63,6 +69,7 @@ mod batch;
 mod direct;
 mod fanout;
 mod inline;
+mod lane;
 mod ordered;
 mod ordered_sink;
 mod pending;
@@ -199,7 +206,7 @@ pub(super) fn report_panic(
 
 /// How a bus runs its jobs.
 pub(crate) enum Dispatcher<T> {
-    Tasks(tasks::Tasks),
+    Tasks(tasks::Tasks<T>),
     Pool(pool::Pool<T>),
     Inline,
 }
@@ -211,7 +218,12 @@ impl<T: Send + Sync + 'static> Dispatcher<T> {
                 let handle = env.handle.clone().ok_or(Error::NoRuntime {
                     what: "DeliveryMode::TaskPerSubscriber",
                 })?;
-                Dispatcher::Tasks(tasks::Tasks::new(handle))
+                Dispatcher::Tasks(tasks::Tasks::start(
+                    handle,
+                    config.workers,
+                    config.max_inflight_tasks,
+                    env,
+                )?)
             }
             DeliveryMode::WorkerPool => Dispatcher::Pool(pool::Pool::start(
                 config.workers,
@@ -236,8 +248,10 @@ impl<T: Send + Sync + 'static> Dispatcher<T> {
 
     /// The bus starts closing: publishers stop waiting for room.
     pub(crate) fn closing(&self) {
-        if let Dispatcher::Pool(pool) = self {
-            pool.stop_waiting();
+        match self {
+            Dispatcher::Pool(pool) => pool.stop_waiting(),
+            Dispatcher::Tasks(tasks) => tasks.closing(),
+            Dispatcher::Inline => {}
         }
     }
 

@@ -1,65 +1,220 @@
 //! `DeliveryMode::TaskPerSubscriber`: runners are tokio tasks.
 //!
-//! Each runner of a job is a task spawned on the bus's runtime handle (never
-//! on the caller's context). At most `max_inflight_tasks` tasks of the bus —
-//! runners and continued async deliveries together — are alive at once; when
-//! a runner cannot be spawned the overflow policy applies: `CallerRuns` and
-//! `Wait` run it on the publisher's thread (seed `003`'s "spawn while fewer
-//! than Max are running, else run inline"; a publisher on a runtime thread
-//! that waited for tasks could be the thread they need), `Drop` and `Error`
-//! count its deliveries as dropped.
+//! # Where work goes
+//! A publish goes to its route's [`Lane`] (`lane.rs`): one per worker, as
+//! the pool has one queue per worker. A lane's publishes are run by one
+//! task at a time, the lane's task, which takes the publishes queued to the
+//! same subscriptions as one batch, so one topic's handlers run in one
+//! place, publish after publish, and handlers that share state do not fight
+//! over it between cores (spread over two cores, a shared counter made a
+//! publish 3-4x slower than on one: `docs/design-notes.md`, "Where a
+//! subscription runs"). The lane's task yields to the runtime every
+//! [`YIELD_AFTER`] deliveries, so it never holds a runtime thread for long.
 //!
-//! A runner task runs its units without yielding, like a worker would; it
-//! is as long as one chunk of a publish (a single subscription below the
-//! threshold).
+//! A *lone* publish (nothing queued or running in its lane) that may use
+//! several runners also gets helper runner tasks, up to `max_runners - 1`
+//! while fewer than `workers` of the bus's tasks are alive: they claim its
+//! units beside the lane's task, so a slow handler holds up only the runner
+//! it is on, and a big fan-out uses every core. `Batch::Single` below the
+//! threshold keeps BlazeSub's shape: a task per subscription.
 //!
-//! # Every runner is started by the publisher
-//! A job whose runners claim from its cursor (`Batch::Chunked`) gets all the
-//! runners it may use when it is published: the first always, and up to
-//! `max_runners - 1` more while fewer than `workers` of the bus's tasks are
-//! alive (a burst already keeps every worker busy, and a runner that finds
-//! nothing left to claim is a wasted spawn). Runners never spawn helpers
-//! mid-job: a task spawned from inside a runtime worker lands in that
-//! thread's LIFO slot, which no other worker steals and which runs only
-//! after the spawning task yields, so a helper spawned by a runner stuck in
-//! a slow handler would wait behind it. Whether a spawned task runs at once
-//! elsewhere is the runtime's business; what this mode relies on is only
-//! that runners spawned together may run at once, each taking whatever
-//! units are left.
+//! # Where nothing depends on tokio's placement
+//! A task spawned from a runtime thread lands in that thread's LIFO slot,
+//! which no other thread steals and which runs only once the spawning task
+//! yields. A publisher that never yields may so hold its lane's task. The
+//! lane is bounded (`max_inflight_tasks / workers` publishes); a publisher
+//! that finds it full:
+//! - under `Overflow::Wait` (the default), serves the lane itself down to
+//!   half its capacity if nobody serves it, and otherwise waits for room,
+//!   serving beside the lane's server once that has started nothing for
+//!   [`STALL`] (a stuck handler). A publish made from inside a handler, or
+//!   once the bus is closing, never waits: it runs its job itself.
+//! - under `CallerRuns`, runs its job itself;
+//! - under `Drop` and `Error`, counts its deliveries as dropped.
+//!
+//! So the lane makes progress wherever tokio puts its task, and where the
+//! task cannot run (a one-thread runtime whose publisher does not yield),
+//! the publisher does the work, as `Inline` would.
+//!
+//! # Task slots
+//! Every task (a lane's, a helper, a continued async delivery) holds a slot
+//! of `max_inflight_tasks`. A lane whose task cannot get one is served by
+//! its publisher (`Wait`, `CallerRuns`) or has its publishes counted as
+//! dropped (`Drop`, `Error`).
+//!
+//! # Closing, and a runtime that shuts down
+//! When the bus starts closing, waiting publishers stop waiting, and a
+//! thread serves every lane that has publishes queued behind a server (a
+//! handler blocked in `close` may be that server). A lane task the runtime
+//! drops before it ran, or while it awaited, counts the lane's queued
+//! deliveries as dropped (unless another server is on the lane), so nothing
+//! accepted vanishes uncounted.
 
 use std::sync::Arc;
 
 use tokio::runtime::Handle;
 
+use super::lane::{Lane, Next, Pushed, Server, Work};
 use super::pending::{self, Place};
 use super::permit::TaskPermit;
+use super::pool::STALL;
 use super::{caller_runs, refused, Env, Fanout, Runner};
 use crate::config::Overflow;
+use crate::error::Error;
 use crate::registry::entry::BoxFuture;
+use crate::registry::quiesce;
 use crate::stats::Tally;
+use crate::sync::{AtomicBool, Condvar, Mutex, Ordering};
 
-pub(crate) struct Tasks {
+/// Deliveries a lane's task runs between two yields to the runtime: about
+/// half a millisecond of cheap handlers.
+const YIELD_AFTER: u64 = 65_536;
+
+pub(crate) struct Tasks<T> {
     handle: Handle,
+    lanes: Vec<Arc<Lane<T>>>,
+    watch: Arc<Watch<T>>,
+    /// The bus is closing: publishers wait no more.
+    closing: AtomicBool,
 }
 
-impl Tasks {
-    pub(crate) fn new(handle: Handle) -> Self {
-        Self { handle }
+impl<T: Send + Sync + 'static> Tasks<T> {
+    pub(crate) fn start(
+        handle: Handle,
+        workers: usize,
+        max_inflight_tasks: usize,
+        env: &Arc<Env>,
+    ) -> Result<Self, Error> {
+        let lanes = workers.max(1);
+        let capacity = (max_inflight_tasks / lanes).max(1);
+        let lanes: Vec<_> = (0..lanes).map(|_| Arc::new(Lane::new(capacity))).collect();
+        let watch = Watch::start(lanes.clone(), handle.clone(), env)?;
+        Ok(Self {
+            handle,
+            lanes,
+            watch,
+            closing: AtomicBool::new(false),
+        })
     }
 
-    /// Spawns the job's runners; see the module docs for a full cap.
-    pub(crate) fn dispatch<T: Send + Sync + 'static>(
-        &self,
-        job: Arc<Fanout<T>>,
-        env: &Arc<Env>,
-    ) -> usize {
+    /// Hands `job` to its lane, or to tasks of its own (`Batch::Single`
+    /// below the threshold). Returns the deliveries dropped for lack of
+    /// room.
+    pub(crate) fn dispatch(&self, job: Arc<Fanout<T>>, env: &Arc<Env>) -> usize {
         let plan = job.plan();
+        if plan.single_claim && plan.runners > 1 {
+            return self.spawn_units(&job, env);
+        }
+        self.queue(job, env)
+    }
+
+    /// Queues `job` in its lane; see the module docs for a full lane.
+    fn queue(&self, job: Arc<Fanout<T>>, env: &Arc<Env>) -> usize {
+        let lane = &self.lanes[job.home() % self.lanes.len()];
+        let helpable = job.plan().max_runners > 1;
+        loop {
+            let (serving, started) = match lane.push(&job, helpable) {
+                Pushed::Queued { start_task, lone } => {
+                    let dropped = if start_task {
+                        self.start_task(lane, env)
+                    } else {
+                        0
+                    };
+                    if lone {
+                        self.start_more_runners(&job, env);
+                    }
+                    self.watch.arm();
+                    return dropped;
+                }
+                Pushed::Full { serving, started } => (serving, started),
+            };
+            match env.overflow {
+                Overflow::Drop | Overflow::Error => return refused(&job, false, env),
+                Overflow::CallerRuns => {
+                    caller_runs(&job, &mut TaskModeRunner::new(env, Place::Publisher), env);
+                    return 0;
+                }
+                Overflow::Wait => {
+                    // A handler's publish may wait for its own lane.
+                    if quiesce::held_here() > 0 || self.closing.load(Ordering::SeqCst) {
+                        caller_runs(&job, &mut TaskModeRunner::new(env, Place::Publisher), env);
+                        return 0;
+                    }
+                    if serving == 0 || !lane.wait_for_room(started, STALL) {
+                        self.serve(lane, lane.capacity() / 2, env);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Serves `lane` on this thread while more than `until` publishes are
+    /// queued.
+    fn serve(&self, lane: &Arc<Lane<T>>, until: usize, env: &Arc<Env>) {
+        lane.other_begins();
+        let mut runner = TaskModeRunner::new(env, Place::Publisher);
+        let mut finished = 0;
+        loop {
+            match lane.next(Server::Other, until, finished) {
+                Next::Work(work) => {
+                    env.counters.caller_ran();
+                    let mut tally = Tally::default();
+                    work.run(env, &mut runner, &mut tally);
+                    env.counters.add(&tally);
+                    finished = work.publishes();
+                    drop(work);
+                }
+                Next::Left { start_task } => {
+                    if start_task {
+                        self.start_task(lane, env);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Starts `lane`'s task (the lane counts it as started). Without a task
+    /// slot the caller serves the lane, or counts its publishes as dropped
+    /// (`Drop`, `Error`); returns how many deliveries that dropped.
+    fn start_task(&self, lane: &Arc<Lane<T>>, env: &Arc<Env>) -> usize {
+        if let Some(permit) = TaskPermit::acquire(env) {
+            spawn_lane_task(&self.handle, Arc::clone(lane), permit, Server::Task);
+            return 0;
+        }
+        let jobs = lane.task_gone();
+        let mut dropped = 0;
+        for job in jobs {
+            match env.overflow {
+                Overflow::Wait | Overflow::CallerRuns => {
+                    caller_runs(&job, &mut TaskModeRunner::new(env, Place::Publisher), env);
+                }
+                Overflow::Drop | Overflow::Error => dropped += refused(&job, false, env),
+            }
+        }
+        dropped
+    }
+
+    /// The bus starts closing: publishers wait no more. (A lane whose
+    /// server is the handler that called `close` is served by a helper the
+    /// watcher starts.)
+    pub(crate) fn closing(&self) {
+        if self.closing.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for lane in &self.lanes {
+            lane.wake_waiting();
+        }
+    }
+
+    /// `Batch::Single` below the threshold: a task per unit.
+    fn spawn_units(&self, job: &Arc<Fanout<T>>, env: &Arc<Env>) -> usize {
         let mut started = false;
         let mut dropped = 0;
-        for _ in 0..plan.runners {
+        for _ in 0..job.plan().runners {
             match TaskPermit::acquire(env) {
                 Some(permit) => {
-                    spawn_runner(&self.handle, Arc::clone(&job), permit);
+                    spawn_runner(&self.handle, Arc::clone(job), permit);
                     started = true;
                 }
                 None => match env.overflow {
@@ -67,22 +222,19 @@ impl Tasks {
                     // the one the tasks need: `Wait` runs here too.
                     Overflow::Wait | Overflow::CallerRuns => {
                         let mut runner = TaskModeRunner::new(env, Place::Publisher);
-                        caller_runs(&job, &mut runner, env);
+                        caller_runs(job, &mut runner, env);
                     }
-                    Overflow::Drop | Overflow::Error => dropped += refused(&job, started, env),
+                    Overflow::Drop | Overflow::Error => dropped += refused(job, started, env),
                 },
             }
-        }
-        if started && !plan.single_claim {
-            self.start_more_runners(&job, env);
         }
         dropped
     }
 
-    /// The runners a claiming job may use beyond its first, while workers
-    /// look free (see the module docs). A slot the cap refuses is no loss:
-    /// the runners already started claim every unit.
-    fn start_more_runners<T: Send + Sync + 'static>(&self, job: &Arc<Fanout<T>>, env: &Arc<Env>) {
+    /// The helper runners of a lone publish, while workers look free (see
+    /// the module docs). A slot the cap refuses is no loss: the lane's task
+    /// claims every unit left.
+    fn start_more_runners(&self, job: &Arc<Fanout<T>>, env: &Arc<Env>) {
         for _ in job.plan().runners..job.plan().max_runners {
             if env.tasks.live() >= env.workers {
                 return;
@@ -92,6 +244,287 @@ impl Tasks {
             };
             spawn_runner(&self.handle, Arc::clone(job), permit);
         }
+    }
+}
+
+/// Spawns a task serving `lane`: its own task (`Server::Task`), or a
+/// helper beside a stuck server (`Server::Other`, from the watcher).
+fn spawn_lane_task<T: Send + Sync + 'static>(
+    handle: &Handle,
+    lane: Arc<Lane<T>>,
+    permit: TaskPermit,
+    server: Server,
+) {
+    // Built before the spawn, so a task the runtime drops unpolled still
+    // accounts for the lane's work.
+    if server == Server::Other {
+        lane.helper_coming();
+    }
+    let mut task = LaneTask {
+        lane,
+        server,
+        permit: Some(permit),
+        begun: false,
+        left: false,
+        tally: Tally::default(),
+    };
+    handle.spawn(async move { task.serve().await });
+}
+
+/// A task serving a lane: its hold on the lane and its task slot, and what
+/// it did. Dropped before it left the lane (its runtime dropped it
+/// unpolled, or while it awaited), it counts the lane's queued deliveries
+/// as dropped unless another server is on the lane.
+struct LaneTask<T: Send + Sync + 'static> {
+    lane: Arc<Lane<T>>,
+    server: Server,
+    permit: Option<TaskPermit>,
+    /// Served at least once (a helper counts as coming until then).
+    begun: bool,
+    left: bool,
+    tally: Tally,
+}
+
+impl<T: Send + Sync + 'static> LaneTask<T> {
+    /// Begins (or, after a pause, resumes) serving: `false` if the task
+    /// has left instead (see `lane.rs`).
+    fn begins(&mut self) -> bool {
+        let begun = std::mem::replace(&mut self.begun, true);
+        match self.server {
+            Server::Task => self.lane.task_begins(),
+            Server::Other if begun => {
+                self.lane.other_begins();
+                true
+            }
+            Server::Other => {
+                self.lane.helper_begins();
+                true
+            }
+        }
+    }
+
+    async fn serve(&mut self) {
+        let env = Arc::clone(self.permit.as_ref().expect("held until drop").env());
+        if !self.begins() {
+            self.left = true;
+            return;
+        }
+        let mut since_yield = 0;
+        let mut finished = 0;
+        loop {
+            let work = match self
+                .lane
+                .next(self.server, 0, std::mem::take(&mut finished))
+            {
+                Next::Work(work) => work,
+                Next::Left { start_task } => {
+                    self.left = true;
+                    if start_task {
+                        start_lane_task(&self.lane, &env);
+                    }
+                    return;
+                }
+            };
+            let awaited = self.run(&work, &env);
+            finished = work.publishes();
+            drop(work);
+            let tally = std::mem::take(&mut self.tally);
+            env.counters.add(&tally);
+            since_yield += tally.finished;
+            if awaited.is_empty() && since_yield < YIELD_AFTER {
+                continue;
+            }
+            self.lane.pauses(std::mem::take(&mut finished));
+            if awaited.is_empty() {
+                tokio::task::yield_now().await;
+            } else {
+                pending::finish_here(awaited, &env, &mut self.tally).await;
+                env.counters.add(&std::mem::take(&mut self.tally));
+            }
+            since_yield = 0;
+            if !self.begins() {
+                self.left = true;
+                return;
+            }
+        }
+    }
+
+    /// Runs `work`, reporting it; returns the pending async deliveries the
+    /// task must await itself.
+    fn run(&mut self, work: &Work<T>, env: &Arc<Env>) -> Vec<BoxFuture> {
+        let mut runner = TaskModeRunner::new(env, Place::Task);
+        work.run(env, &mut runner, &mut self.tally);
+        runner.awaited
+    }
+}
+
+impl<T: Send + Sync + 'static> Drop for LaneTask<T> {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let env = Arc::clone(permit.env());
+        let mut tally = std::mem::take(&mut self.tally);
+        if !self.left {
+            let mut dropped = 0;
+            let jobs = match self.server {
+                Server::Task => self.lane.task_gone(),
+                Server::Other => self.lane.helper_gone(self.begun),
+            };
+            for job in jobs {
+                dropped += job.drop_units(&mut tally);
+            }
+            if dropped > 0 {
+                tracing::warn!(
+                    dropped,
+                    "the runtime dropped a lane's task before it ran its publishes; their deliveries are counted as dropped"
+                );
+            }
+        }
+        drop(permit);
+        env.counters.add(&tally);
+    }
+}
+
+/// Starts `lane`'s task from a task that left it with work queued (the
+/// lane counts it as started). Without a task slot the lane's publishes
+/// wait for the next server: a publisher, or a helper the watcher starts.
+fn start_lane_task<T: Send + Sync + 'static>(lane: &Arc<Lane<T>>, env: &Arc<Env>) {
+    let Some(handle) = env.handle.as_ref() else {
+        return;
+    };
+    match TaskPermit::acquire(env) {
+        Some(permit) => spawn_lane_task(handle, Arc::clone(lane), permit, Server::Task),
+        None => {
+            // Nobody may be left to serve them: count them, as a runtime
+            // that dropped the task would.
+            let mut tally = Tally::default();
+            for job in lane.task_gone() {
+                job.drop_units(&mut tally);
+            }
+            env.counters.add(&tally);
+        }
+    }
+}
+
+/// The lanes' watcher: a thread that looks at every lane each [`STALL`]
+/// while publishes are queued, and starts a helper task for a lane that
+/// has taken nothing since its last look (its server is stuck in a slow
+/// handler, or its task has not run yet: tokio keeps a task spawned by a
+/// publisher that does not yield in that thread's LIFO slot). It sleeps
+/// while every lane is empty; a publisher arms it (an atomic load while it
+/// is armed). Spawned from this thread, a
+/// helper goes to the runtime's shared queue, where any free worker takes
+/// it.
+struct Watch<T> {
+    lanes: Vec<Arc<Lane<T>>>,
+    /// Armed: looking. Read by publishers without the lock.
+    armed: AtomicBool,
+    state: Mutex<WatchState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct WatchState {
+    armed: bool,
+    stopping: bool,
+}
+
+impl<T> Watch<T> {
+    fn lock(&self) -> crate::sync::MutexGuard<'_, WatchState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn stop(&self) {
+        self.lock().stopping = true;
+        self.wake.notify_one();
+    }
+}
+
+impl<T: Send + Sync + 'static> Watch<T> {
+    fn start(lanes: Vec<Arc<Lane<T>>>, handle: Handle, env: &Arc<Env>) -> Result<Arc<Self>, Error> {
+        let watch = Arc::new(Self {
+            lanes,
+            armed: AtomicBool::new(false),
+            state: Mutex::new(WatchState::default()),
+            wake: Condvar::new(),
+        });
+        let (watcher, env) = (Arc::clone(&watch), Arc::clone(env));
+        std::thread::Builder::new()
+            .name("blazesub-lanes".into())
+            .spawn(move || watcher.run(&handle, &env))
+            .map_err(Error::Spawn)?;
+        Ok(watch)
+    }
+
+    /// A publisher queued a publish: make sure the watcher looks.
+    fn arm(&self) {
+        if self.armed.load(Ordering::SeqCst) {
+            return;
+        }
+        self.armed.store(true, Ordering::SeqCst);
+        self.lock().armed = true;
+        self.wake.notify_one();
+    }
+
+    fn run(&self, handle: &Handle, env: &Arc<Env>) {
+        let mut seen: Vec<Option<u64>> = vec![None; self.lanes.len()];
+        loop {
+            {
+                let mut state = self.lock();
+                while !state.armed && !state.stopping {
+                    state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+                }
+                if state.stopping {
+                    return;
+                }
+                let (state, _) = self
+                    .wake
+                    .wait_timeout(state, STALL)
+                    .unwrap_or_else(|e| e.into_inner());
+                if state.stopping {
+                    return;
+                }
+            }
+            if !self.look(&mut seen, handle, env) {
+                // Disarmed before the last look: a publisher that queues
+                // after it (both under the lane's lock) finds the watcher
+                // disarmed and arms it.
+                self.lock().armed = false;
+                self.armed.store(false, Ordering::SeqCst);
+                if self.look(&mut seen, handle, env) {
+                    self.arm();
+                }
+            }
+        }
+    }
+
+    /// Looks at every lane, starting a helper for each stuck one. Returns
+    /// whether any lane has publishes queued.
+    fn look(&self, seen: &mut [Option<u64>], handle: &Handle, env: &Arc<Env>) -> bool {
+        let mut any = false;
+        for (lane, seen) in self.lanes.iter().zip(seen.iter_mut()) {
+            let Some(started) = lane.stuck_look() else {
+                *seen = None;
+                continue;
+            };
+            any = true;
+            if *seen != Some(started) {
+                *seen = Some(started);
+                continue;
+            }
+            *seen = None;
+            if let Some(permit) = TaskPermit::acquire(env) {
+                spawn_lane_task(handle, Arc::clone(lane), permit, Server::Other);
+            }
+        }
+        any
+    }
+}
+
+impl<T> Drop for Tasks<T> {
+    fn drop(&mut self) {
+        self.watch.stop();
     }
 }
 
