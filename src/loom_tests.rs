@@ -36,7 +36,14 @@
 //!   `inflight` reach zero (a missed wake-up would deadlock), and the workers
 //!   stop; a handler that blocks strands nothing queued or batched behind it
 //!   (the other worker takes it over); and a publisher waiting for room
-//!   (`Overflow::Wait`) is always let go once the bus starts closing.
+//!   (`Overflow::Wait`) is always let go once the bus starts closing;
+//! - `TaskPerSubscriber`'s lane (`dispatch/lane.rs`), driven as `tasks.rs`
+//!   drives it with loom threads in place of tokio tasks: every publish
+//!   queued runs exactly once whoever serves it (the lane's task, a task
+//!   started by a publisher that served, or the publisher itself when it
+//!   finds the lane full), a publisher waiting for room is woken by the
+//!   servers' takes and never needs its timeout, and the lane ends with
+//!   nothing queued, no task and no room held.
 
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;
 use std::sync::Arc;
@@ -45,13 +52,15 @@ use std::time::Duration;
 use loom::thread;
 
 use crate::config::{Config, DeliveryMode, Overflow};
-use crate::dispatch::{Dispatcher, Env, Fanout, Policy, TaskGauge};
+use crate::dispatch::{
+    Dispatcher, Env, Fanout, Lane, Next, Policy, Pushed, Server, TaskGauge, STALL,
+};
 use crate::message::Message;
 use crate::registry::entry::{HandlerEntry, Subscriber, SyncSink};
 use crate::registry::mailbox::Mailbox;
 use crate::registry::route::RouteCache;
 use crate::registry::trie::{Handlers, Trie};
-use crate::stats::Counters;
+use crate::stats::{Counters, Tally};
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
@@ -754,5 +763,135 @@ fn loom_ordered_batch_and_single_delivery_run_each_message_once_in_order() {
         let mut expected = vec![0, 1];
         expected.insert(theirs as usize, 2);
         assert_eq!(*seen.lock().unwrap(), expected, "in log order");
+    });
+}
+
+/// A runner for the lane model: sync handlers only, nobody to enlist.
+struct LaneModelRunner;
+
+impl crate::dispatch::Runner<u32> for LaneModelRunner {
+    fn has_idle_capacity(&self) -> bool {
+        false
+    }
+
+    fn offer_helper(&mut self, _job: &Fanout<u32>) -> bool {
+        false
+    }
+
+    fn pending(&mut self, _delivery: crate::registry::entry::BoxFuture, _tally: &mut Tally) {
+        unreachable!("the lane model's handlers are sync");
+    }
+}
+
+/// Serves `lane` as `server` while more than `until` publishes are queued
+/// (`tasks.rs`: `LaneTask::serve` for the lane's task, `Tasks::serve` for
+/// a publisher); returns whether the caller must start the lane's task.
+fn serve_lane(lane: &Lane<u32>, server: Server, until: usize, env: &Env) -> bool {
+    let mut finished = 0;
+    loop {
+        match lane.next(server, until, finished) {
+            Next::Work(work) => {
+                let mut tally = Tally::default();
+                work.run(env, &mut LaneModelRunner, &mut tally);
+                env.counters.add(&tally);
+                finished = work.publishes();
+            }
+            Next::Left { start_task } => return start_task,
+        }
+    }
+}
+
+/// The lane's task, a loom thread (`LaneTask::serve` without its yields).
+fn spawn_lane_task(lane: &Arc<Lane<u32>>, env: &Arc<Env>) -> thread::JoinHandle<()> {
+    let (lane, env) = (Arc::clone(lane), Arc::clone(env));
+    thread::spawn(move || {
+        if lane.task_begins() {
+            let start_task = serve_lane(&lane, Server::Task, 0, &env);
+            assert!(!start_task, "the lane's task never starts another");
+        }
+    })
+}
+
+/// Three publishes (to two topics in turn) through a lane with room for
+/// two, under `Overflow::Wait`, as `Tasks::queue` makes them.
+/// Whatever the interleaving: each handler runs once per publish, the
+/// publisher waiting for room is woken (loom's `wait_timeout` never times
+/// out, so a wait that only the 1 ms stall could end is a deadlock here),
+/// and the lane ends empty, with no task and no room held.
+#[test]
+fn loom_a_lane_runs_every_publish_once_whoever_serves() {
+    model(|| {
+        let config = Config {
+            delivery: DeliveryMode::TaskPerSubscriber,
+            // One runner per publish: the lane's takes batch them.
+            workers: 1,
+            overflow: Overflow::Wait,
+            ..Config::default()
+        };
+        let env = Arc::new(Env {
+            counters: Arc::new(Counters::new()),
+            quiescence: Arc::new(crate::registry::quiesce::Quiescence::new()),
+            workers: config.workers,
+            handle: None,
+            tasks: TaskGauge::new(4),
+            overflow: config.overflow,
+        });
+        let calls = Arc::new(StdAtomicUsize::new(0));
+        let trie = Trie::<u32>::new();
+        // Two subscriptions on "t", one on "u": publishes alternate between
+        // them, so no take batches two (each serve leaves work behind).
+        for (id, filter) in [(0, "t"), (1, "t"), (2, "u")] {
+            let calls = Arc::clone(&calls);
+            let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
+                id,
+                SyncSink(move |_: &Message<u32>| {
+                    calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }),
+            ));
+            insert(&trie, filter, entry);
+        }
+        let lane = Arc::new(Lane::<u32>::new(2));
+        let mut tasks = Vec::new();
+        for (value, topic) in [(0, "t"), (1, "u"), (2, "t")] {
+            let mut admitted = env.counters.begin_publish().unwrap();
+            let sets = RouteCache::<u32>::new(2).route(&trie, topic).handler_sets();
+            let job = Arc::new(
+                Fanout::new(
+                    Arc::new(Message::new(topic, value)),
+                    sets,
+                    Default::default(),
+                    &Policy::new(&config),
+                )
+                .unwrap(),
+            );
+            admitted.accept(job.total());
+            loop {
+                match lane.push(&job, false) {
+                    Pushed::Queued { start_task, .. } => {
+                        if start_task {
+                            tasks.push(spawn_lane_task(&lane, &env));
+                        }
+                        break;
+                    }
+                    Pushed::Full { serving, started } => {
+                        if serving == 0 || !lane.wait_for_room(started, STALL) {
+                            lane.other_begins();
+                            if serve_lane(&lane, Server::Other, lane.capacity() / 2, &env) {
+                                tasks.push(spawn_lane_task(&lane, &env));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for task in tasks {
+            task.join().unwrap();
+        }
+        assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 5);
+        assert!(lane.stuck_look().is_none(), "publishes left queued");
+        assert_eq!(lane.room_used(), 0, "room left held");
+        assert!(!lane.has_task(), "a task left marked alive");
+        let stats = env.counters.snapshot();
+        assert_eq!((stats.delivered, stats.inflight), (5, 0));
     });
 }

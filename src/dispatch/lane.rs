@@ -195,6 +195,18 @@ impl<T: Send + Sync + 'static> Lane<T> {
         state.queue.drain(..).map(|queued| queued.job).collect()
     }
 
+    /// The room taken now: queued publishes and those servers hold.
+    #[cfg(all(test, loom))]
+    pub(crate) fn room_used(&self) -> usize {
+        self.lock().used()
+    }
+
+    /// Whether the lane's task is spawned and has not left.
+    #[cfg(all(test, loom))]
+    pub(crate) fn has_task(&self) -> bool {
+        self.lock().task
+    }
+
     fn lock(&self) -> MutexGuard<'_, State<T>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
