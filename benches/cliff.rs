@@ -384,7 +384,8 @@ fn service_thresholds() -> (Vec<ServicePoint>, f64) {
             let (median, fastest, slowest) = service::spread(&samples);
             println!(
                 "service, default mode, T = {threshold:>5}: median {median:.0} ns/publish, \
-                 repetitions {fastest:.0}–{slowest:.0}"
+                 repetitions {fastest:.0}–{slowest:.0} (in order: {})",
+                service::in_order(&samples)
             );
             ServicePoint {
                 threshold,

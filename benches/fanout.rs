@@ -295,7 +295,8 @@ fn service_shared_counter() -> Vec<ServiceRow> {
         let (median, fastest, slowest) = service::spread(&samples);
         println!(
             "service, shared counter {name:>20}: median {median:.0} ns/publish, \
-                 repetitions {fastest:.0}–{slowest:.0}"
+                 repetitions {fastest:.0}–{slowest:.0} (in order: {})",
+            service::in_order(&samples)
         );
         ServiceRow {
             setup: name.to_owned(),
@@ -353,7 +354,8 @@ fn service_own_counters() -> Vec<ServiceRow> {
             let (median, slowest, fastest) = service::spread(&samples);
             println!(
                 "service, own counters {name:>34}: median {median:.0} M deliveries/s, \
-                 repetitions {slowest:.0}–{fastest:.0}"
+                 repetitions {slowest:.0}–{fastest:.0} (in order: {})",
+                service::in_order(&samples)
             );
             ServiceRow {
                 setup: name,

@@ -279,6 +279,13 @@ pub fn raw_shared_counter_entry_sized(subscribers: usize) -> RawClosures {
     })
 }
 
+/// `samples` in the order they were taken, for the console: whether the
+/// slow repetitions of a setup come first (a transient) or anywhere.
+pub fn in_order(samples: &[f64]) -> String {
+    let listed: Vec<String> = samples.iter().map(|s| format!("{s:.0}")).collect();
+    listed.join(", ")
+}
+
 /// Median, fastest and slowest of `samples`.
 pub fn spread(samples: &[f64]) -> (f64, f64, f64) {
     let mut sorted = samples.to_vec();
