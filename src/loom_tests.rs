@@ -275,18 +275,45 @@ fn loom_two_workers_deliver_everything_and_stop() {
     builder.check(|| pool_delivers_everything_and_stops(2, 2));
 }
 
-/// The pool `config` describes, and what its runners share.
-fn start_pool(config: &Config) -> (Arc<Env>, Dispatcher<u32>) {
-    let env = Arc::new(Env {
+/// What the runners of a bus with `config` share, without a runtime.
+fn model_env(config: &Config) -> Arc<Env> {
+    Arc::new(Env {
         counters: Arc::new(Counters::new()),
         quiescence: Arc::new(crate::registry::quiesce::Quiescence::new()),
         workers: config.workers,
         handle: None,
         tasks: TaskGauge::new(4),
         overflow: config.overflow,
-    });
+    })
+}
+
+/// The pool `config` describes, and what its runners share.
+fn start_pool(config: &Config) -> (Arc<Env>, Dispatcher<u32>) {
+    let env = model_env(config);
     let dispatcher = Dispatcher::<u32>::start(config, &env).unwrap();
     (env, dispatcher)
+}
+
+/// The job of publishing `value` to `topic` of `trie` as the bus makes it:
+/// admitted, routed, cut by `config`'s policy.
+fn admitted_job(
+    trie: &Trie<u32>,
+    config: &Config,
+    env: &Env,
+    topic: &'static str,
+    value: u32,
+) -> Fanout<u32> {
+    let mut admitted = env.counters.begin_publish().unwrap();
+    let sets = RouteCache::<u32>::new(2).route(trie, topic).handler_sets();
+    let job = Fanout::new(
+        Arc::new(Message::new(topic, value)),
+        sets,
+        Default::default(),
+        &Policy::new(config),
+    )
+    .unwrap();
+    admitted.accept(job.total());
+    job
 }
 
 /// Publishes `value` to topic "t" of `trie` as the bus would: admitted,
@@ -298,16 +325,7 @@ fn publish_to_pool(
     dispatcher: &Dispatcher<u32>,
     value: u32,
 ) {
-    let mut admitted = env.counters.begin_publish().unwrap();
-    let sets = RouteCache::<u32>::new(2).route(trie, "t").handler_sets();
-    let job = Fanout::new(
-        Arc::new(Message::new("t", value)),
-        sets,
-        Default::default(),
-        &Policy::new(config),
-    )
-    .unwrap();
-    admitted.accept(job.total());
+    let job = admitted_job(trie, config, env, "t", value);
     assert_eq!(dispatcher.dispatch(job, env), 0);
 }
 
@@ -823,19 +841,12 @@ fn loom_a_lane_runs_every_publish_once_whoever_serves() {
     model(|| {
         let config = Config {
             delivery: DeliveryMode::TaskPerSubscriber,
-            // One runner per publish: the lane's takes batch them.
+            // One runner per publish: whoever serves runs it whole.
             workers: 1,
             overflow: Overflow::Wait,
             ..Config::default()
         };
-        let env = Arc::new(Env {
-            counters: Arc::new(Counters::new()),
-            quiescence: Arc::new(crate::registry::quiesce::Quiescence::new()),
-            workers: config.workers,
-            handle: None,
-            tasks: TaskGauge::new(4),
-            overflow: config.overflow,
-        });
+        let env = model_env(&config);
         let calls = Arc::new(StdAtomicUsize::new(0));
         let trie = Trie::<u32>::new();
         // Two subscriptions on "t", one on "u": publishes alternate between
@@ -853,18 +864,7 @@ fn loom_a_lane_runs_every_publish_once_whoever_serves() {
         let lane = Arc::new(Lane::<u32>::new(2));
         let mut tasks = Vec::new();
         for (value, topic) in [(0, "t"), (1, "u"), (2, "t")] {
-            let mut admitted = env.counters.begin_publish().unwrap();
-            let sets = RouteCache::<u32>::new(2).route(&trie, topic).handler_sets();
-            let job = Arc::new(
-                Fanout::new(
-                    Arc::new(Message::new(topic, value)),
-                    sets,
-                    Default::default(),
-                    &Policy::new(&config),
-                )
-                .unwrap(),
-            );
-            admitted.accept(job.total());
+            let job = Arc::new(admitted_job(&trie, &config, &env, topic, value));
             loop {
                 match lane.push(&job, false) {
                     Pushed::Queued { start_task, .. } => {
