@@ -42,8 +42,9 @@
 //!   queued runs exactly once whoever serves it (the lane's task, a task
 //!   started by a publisher that served, or the publisher itself when it
 //!   finds the lane full), a publisher waiting for room is woken by the
-//!   servers' takes and never needs its timeout, and the lane ends with
-//!   nothing queued, no task and no room held.
+//!   servers' takes and never needs its timeout, also with two publishers
+//!   sharing the lane, and the lane ends with nothing queued, no task and
+//!   no room held.
 
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;
 use std::sync::Arc;
@@ -819,15 +820,50 @@ fn serve_lane(lane: &Lane<u32>, server: Server, until: usize, env: &Env) -> bool
     }
 }
 
-/// The lane's task, a loom thread (`LaneTask::serve` without its yields).
+/// The lane's task, a loom thread of its own.
 fn spawn_lane_task(lane: &Arc<Lane<u32>>, env: &Arc<Env>) -> thread::JoinHandle<()> {
     let (lane, env) = (Arc::clone(lane), Arc::clone(env));
-    thread::spawn(move || {
-        if lane.task_begins() {
-            let start_task = serve_lane(&lane, Server::Task, 0, &env);
-            assert!(!start_task, "the lane's task never starts another");
+    thread::spawn(move || run_lane_task(&lane, &env))
+}
+
+/// Queues `job` in `lane` as `Tasks::queue` does under `Overflow::Wait`
+/// (not closing, not inside a handler): a full lane is served by the
+/// publisher when nobody serves it or its server has stalled, else waited
+/// on; the lane's tasks the publisher starts go to `tasks`.
+fn queue_in_lane(
+    lane: &Arc<Lane<u32>>,
+    job: &Arc<Fanout<u32>>,
+    env: &Arc<Env>,
+    start_task: &mut dyn FnMut(),
+) {
+    loop {
+        match lane.push(job, false) {
+            Pushed::Queued {
+                start_task: start, ..
+            } => {
+                if start {
+                    start_task();
+                }
+                return;
+            }
+            Pushed::Full { serving, started } => {
+                if serving == 0 || !lane.wait_for_room(started, STALL) {
+                    lane.other_begins();
+                    if serve_lane(lane, Server::Other, lane.capacity() / 2, env) {
+                        start_task();
+                    }
+                }
+            }
         }
-    })
+    }
+}
+
+/// The lane's task body (`LaneTask::serve` without its yields).
+fn run_lane_task(lane: &Lane<u32>, env: &Env) {
+    if lane.task_begins() {
+        let start_task = serve_lane(lane, Server::Task, 0, env);
+        assert!(!start_task, "the lane's task never starts another");
+    }
 }
 
 /// Three publishes (to two topics in turn) through a lane with room for
@@ -865,24 +901,9 @@ fn loom_a_lane_runs_every_publish_once_whoever_serves() {
         let mut tasks = Vec::new();
         for (value, topic) in [(0, "t"), (1, "u"), (2, "t")] {
             let job = Arc::new(admitted_job(&trie, &config, &env, topic, value));
-            loop {
-                match lane.push(&job, false) {
-                    Pushed::Queued { start_task, .. } => {
-                        if start_task {
-                            tasks.push(spawn_lane_task(&lane, &env));
-                        }
-                        break;
-                    }
-                    Pushed::Full { serving, started } => {
-                        if serving == 0 || !lane.wait_for_room(started, STALL) {
-                            lane.other_begins();
-                            if serve_lane(&lane, Server::Other, lane.capacity() / 2, &env) {
-                                tasks.push(spawn_lane_task(&lane, &env));
-                            }
-                        }
-                    }
-                }
-            }
+            queue_in_lane(&lane, &job, &env, &mut || {
+                tasks.push(spawn_lane_task(&lane, &env));
+            });
         }
         for task in tasks {
             task.join().unwrap();
@@ -893,5 +914,74 @@ fn loom_a_lane_runs_every_publish_once_whoever_serves() {
         assert!(!lane.has_task(), "a task left marked alive");
         let stats = env.counters.snapshot();
         assert_eq!((stats.delivered, stats.inflight), (5, 0));
+    });
+}
+
+/// Two publishers, two publishes each, through a lane with room for one:
+/// a publisher that finds the lane full while its task serves waits, and
+/// is woken whatever the interleaving (by the take that leaves room or by
+/// the server leaving: either alone suffices here, and without both loom
+/// finds the waiter asleep for good); every publish runs once and the lane
+/// ends empty. The lane's tasks run one after another on one thread, as on a
+/// runtime with one free worker (a thread per task would pass loom's
+/// thread limit).
+#[test]
+fn loom_two_publishers_share_a_lane() {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(2);
+    }
+    builder.check(|| {
+        let config = Config {
+            delivery: DeliveryMode::TaskPerSubscriber,
+            workers: 1,
+            overflow: Overflow::Wait,
+            ..Config::default()
+        };
+        let env = model_env(&config);
+        let calls = Arc::new(StdAtomicUsize::new(0));
+        let trie = Arc::new(Trie::<u32>::new());
+        for (id, filter) in [(0, "t"), (1, "u")] {
+            let calls = Arc::clone(&calls);
+            let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
+                id,
+                SyncSink(move |_: &Message<u32>| {
+                    calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }),
+            ));
+            insert(&trie, filter, entry);
+        }
+        let lane = Arc::new(Lane::<u32>::new(1));
+        // The runtime: runs each lane task it is handed; `None` stops it.
+        let (spawn, spawned) = loom::sync::mpsc::channel::<Option<()>>();
+        let runtime = {
+            let (lane, env) = (Arc::clone(&lane), Arc::clone(&env));
+            thread::spawn(move || {
+                while let Ok(Some(())) = spawned.recv() {
+                    run_lane_task(&lane, &env);
+                }
+            })
+        };
+        let other = {
+            let (lane, env, trie) = (Arc::clone(&lane), Arc::clone(&env), Arc::clone(&trie));
+            let (config, spawn) = (config.clone(), spawn.clone());
+            thread::spawn(move || {
+                for value in 0..2 {
+                    let job = Arc::new(admitted_job(&trie, &config, &env, "u", value));
+                    queue_in_lane(&lane, &job, &env, &mut || spawn.send(Some(())).unwrap());
+                }
+            })
+        };
+        for value in 0..2 {
+            let job = Arc::new(admitted_job(&trie, &config, &env, "t", value));
+            queue_in_lane(&lane, &job, &env, &mut || spawn.send(Some(())).unwrap());
+        }
+        other.join().unwrap();
+        spawn.send(None).unwrap();
+        runtime.join().unwrap();
+        assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 4);
+        assert!(lane.stuck_look().is_none(), "publishes left queued");
+        assert_eq!(lane.room_used(), 0, "room left held");
+        assert!(!lane.has_task(), "a task left marked alive");
     });
 }
