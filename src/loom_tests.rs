@@ -64,9 +64,15 @@ use crate::registry::trie::{Handlers, Trie};
 use crate::stats::{Counters, Tally};
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
+    model_bounded(3, f);
+}
+
+/// [`model`] with `bound` preemptions unless `LOOM_MAX_PREEMPTIONS` sets
+/// another.
+fn model_bounded(bound: usize, f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
     if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(3);
+        builder.preemption_bound = Some(bound);
     }
     builder.check(f);
 }
@@ -269,11 +275,7 @@ fn loom_two_workers_deliver_everything_and_stop() {
     // about five minutes (`LOOM_MAX_PREEMPTIONS=3` runs that; it is the
     // depth that finds a stop wake-up lost to a worker taking from a full
     // queue, the bug the hand-back rule in `pool.rs` fixes).
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(2);
-    }
-    builder.check(|| pool_delivers_everything_and_stops(2, 2));
+    model_bounded(2, || pool_delivers_everything_and_stops(2, 2));
 }
 
 /// What the runners of a bus with `config` share, without a runtime.
@@ -377,11 +379,7 @@ fn slow_handler_strands_no_runner_queued_behind_it(slow: u64) {
     use crate::config::Batch;
     use loom::sync::{Condvar, Mutex};
 
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(2);
-    }
-    builder.check(move || {
+    model_bounded(2, move || {
         let config = Config {
             delivery: DeliveryMode::WorkerPool,
             workers: 2,
@@ -450,11 +448,7 @@ fn loom_a_slow_third_unit_strands_no_runner() {
 fn loom_a_blocked_handler_strands_nothing_of_its_batch() {
     use loom::sync::{Condvar, Mutex};
 
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(2);
-    }
-    builder.check(|| {
+    model_bounded(2, || {
         let config = Config {
             delivery: DeliveryMode::WorkerPool,
             workers: 2,
@@ -506,11 +500,7 @@ fn loom_a_blocked_handler_strands_nothing_of_its_batch() {
 fn loom_closing_lets_a_publisher_waiting_for_room_go() {
     use loom::sync::atomic::{AtomicBool, Ordering};
 
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(2);
-    }
-    builder.check(|| {
+    model_bounded(2, || {
         let config = Config {
             delivery: DeliveryMode::WorkerPool,
             workers: 1,
@@ -785,6 +775,41 @@ fn loom_ordered_batch_and_single_delivery_run_each_message_once_in_order() {
     });
 }
 
+/// The lane models' bus: `TaskPerSubscriber` under `Overflow::Wait`, one
+/// runner per publish (whoever serves a publish runs it whole).
+fn lane_config() -> Config {
+    Config {
+        delivery: DeliveryMode::TaskPerSubscriber,
+        workers: 1,
+        overflow: Overflow::Wait,
+        ..Config::default()
+    }
+}
+
+/// Subscribes a handler per `(id, filter)` to `trie`, each counting its
+/// calls in the counter returned.
+fn counting_handlers(trie: &Trie<u32>, subscriptions: &[(u64, &str)]) -> Arc<StdAtomicUsize> {
+    let calls = Arc::new(StdAtomicUsize::new(0));
+    for &(id, filter) in subscriptions {
+        let counted = Arc::clone(&calls);
+        let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
+            id,
+            SyncSink(move |_: &Message<u32>| {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }),
+        ));
+        insert(trie, filter, entry);
+    }
+    calls
+}
+
+/// Once every server has gone: nothing queued, no room held, no task.
+fn assert_lane_settled(lane: &Lane<u32>) {
+    assert!(lane.stuck_look().is_none(), "publishes left queued");
+    assert_eq!(lane.room_used(), 0, "room left held");
+    assert!(!lane.has_task(), "a task left marked alive");
+}
+
 /// A runner for the lane model: sync handlers only, nobody to enlist.
 struct LaneModelRunner;
 
@@ -875,28 +900,12 @@ fn run_lane_task(lane: &Lane<u32>, env: &Env) {
 #[test]
 fn loom_a_lane_runs_every_publish_once_whoever_serves() {
     model(|| {
-        let config = Config {
-            delivery: DeliveryMode::TaskPerSubscriber,
-            // One runner per publish: whoever serves runs it whole.
-            workers: 1,
-            overflow: Overflow::Wait,
-            ..Config::default()
-        };
+        let config = lane_config();
         let env = model_env(&config);
-        let calls = Arc::new(StdAtomicUsize::new(0));
         let trie = Trie::<u32>::new();
         // Two subscriptions on "t", one on "u": publishes alternate between
         // them, so no take batches two (each serve leaves work behind).
-        for (id, filter) in [(0, "t"), (1, "t"), (2, "u")] {
-            let calls = Arc::clone(&calls);
-            let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
-                id,
-                SyncSink(move |_: &Message<u32>| {
-                    calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }),
-            ));
-            insert(&trie, filter, entry);
-        }
+        let calls = counting_handlers(&trie, &[(0, "t"), (1, "t"), (2, "u")]);
         let lane = Arc::new(Lane::<u32>::new(2));
         let mut tasks = Vec::new();
         for (value, topic) in [(0, "t"), (1, "u"), (2, "t")] {
@@ -909,9 +918,7 @@ fn loom_a_lane_runs_every_publish_once_whoever_serves() {
             task.join().unwrap();
         }
         assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 5);
-        assert!(lane.stuck_look().is_none(), "publishes left queued");
-        assert_eq!(lane.room_used(), 0, "room left held");
-        assert!(!lane.has_task(), "a task left marked alive");
+        assert_lane_settled(&lane);
         let stats = env.counters.snapshot();
         assert_eq!((stats.delivered, stats.inflight), (5, 0));
     });
@@ -927,30 +934,11 @@ fn loom_a_lane_runs_every_publish_once_whoever_serves() {
 /// thread limit).
 #[test]
 fn loom_two_publishers_share_a_lane() {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(2);
-    }
-    builder.check(|| {
-        let config = Config {
-            delivery: DeliveryMode::TaskPerSubscriber,
-            workers: 1,
-            overflow: Overflow::Wait,
-            ..Config::default()
-        };
+    model_bounded(2, || {
+        let config = lane_config();
         let env = model_env(&config);
-        let calls = Arc::new(StdAtomicUsize::new(0));
         let trie = Arc::new(Trie::<u32>::new());
-        for (id, filter) in [(0, "t"), (1, "u")] {
-            let calls = Arc::clone(&calls);
-            let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
-                id,
-                SyncSink(move |_: &Message<u32>| {
-                    calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }),
-            ));
-            insert(&trie, filter, entry);
-        }
+        let calls = counting_handlers(&trie, &[(0, "t"), (1, "u")]);
         let lane = Arc::new(Lane::<u32>::new(1));
         // The runtime: runs each lane task it is handed; `None` stops it.
         let (spawn, spawned) = loom::sync::mpsc::channel::<Option<()>>();
@@ -980,8 +968,6 @@ fn loom_two_publishers_share_a_lane() {
         spawn.send(None).unwrap();
         runtime.join().unwrap();
         assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 4);
-        assert!(lane.stuck_look().is_none(), "publishes left queued");
-        assert_eq!(lane.room_used(), 0, "room left held");
-        assert!(!lane.has_task(), "a task left marked alive");
+        assert_lane_settled(&lane);
     });
 }

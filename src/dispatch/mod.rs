@@ -89,12 +89,12 @@ use crate::stats::{Counters, Tally};
 pub(crate) use direct::deliver_now;
 pub(crate) use fanout::{Fanout, Runner};
 pub(crate) use inline::{depth as inline_depth, MAX_INLINE_DEPTH};
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 pub(crate) use lane::{Lane, Next, Pushed, Server};
 pub(crate) use ordered::{start_drains, Ordered};
 pub(crate) use ordered_sink::OrderedSink;
 pub(crate) use permit::TaskGauge;
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 pub(crate) use pool::STALL;
 
 /// How one publish is cut into units and handed to runners.
