@@ -157,9 +157,19 @@ impl<T, S: ?Sized> Subscriber<T, S> {
         self.state.load(Ordering::Relaxed) >> 1
     }
 
+    /// Whether the subscription is still subscribed.
+    ///
+    /// Relaxed: the flag guards no data (the sink is published with the
+    /// slot that holds the entry, and never changes), and what orders this
+    /// read against a `deactivate` is the `SeqCst` fence every runner issues
+    /// when it enters (`quiesce.rs`): a load after a `SeqCst` fence sees any
+    /// `SeqCst` modification that precedes the fence, whatever the load's
+    /// own ordering. An acquire load adds no guarantee here, and it kept
+    /// the compiler from reusing the entry's field offsets (computed from
+    /// the sink's vtable) between this check and the delivery.
     #[inline]
     pub(crate) fn is_active(&self) -> bool {
-        self.state.load(Ordering::Acquire) & ACTIVE != 0
+        self.state.load(Ordering::Relaxed) & ACTIVE != 0
     }
 
     /// Stops all deliveries that have not started yet. Returns whether this
