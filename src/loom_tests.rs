@@ -854,11 +854,11 @@ fn spawn_lane_task(lane: &Arc<Lane<u32>>, env: &Arc<Env>) -> thread::JoinHandle<
 /// Queues `job` in `lane` as `Tasks::queue` does under `Overflow::Wait`
 /// (not closing, not inside a handler): a full lane is served by the
 /// publisher when nobody serves it or its server has stalled, else waited
-/// on; the lane's tasks the publisher starts go to `tasks`.
+/// on. `start_task` starts the lane's task when the lane asks for one.
 fn queue_in_lane(
-    lane: &Arc<Lane<u32>>,
+    lane: &Lane<u32>,
     job: &Arc<Fanout<u32>>,
-    env: &Arc<Env>,
+    env: &Env,
     start_task: &mut dyn FnMut(),
 ) {
     loop {
