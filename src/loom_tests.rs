@@ -44,7 +44,11 @@
 //!   finds the lane full), a publisher waiting for room is woken by the
 //!   servers' takes and never needs its timeout, also with two publishers
 //!   sharing the lane, and the lane ends with nothing queued, no task and
-//!   no room held.
+//!   no room held;
+//! - the lanes' watcher (`dispatch/lane_watch.rs`): a publish queued while
+//!   the watcher finds the lanes empty and disarms never leaves it asleep
+//!   with the publish queued, and an arm wakes a watcher asleep (a missed
+//!   wake-up would deadlock here).
 
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;
 use std::sync::Arc;
@@ -54,7 +58,7 @@ use loom::thread;
 
 use crate::config::{Config, DeliveryMode, Overflow};
 use crate::dispatch::{
-    Dispatcher, Env, Fanout, Lane, Next, Policy, Pushed, Server, TaskGauge, STALL,
+    Dispatcher, Env, Fanout, Lane, LaneWatch, Next, Policy, Pushed, Server, TaskGauge, STALL,
 };
 use crate::message::Message;
 use crate::registry::entry::{HandlerEntry, Subscriber, SyncSink};
@@ -969,5 +973,47 @@ fn loom_two_publishers_share_a_lane() {
         runtime.join().unwrap();
         assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 4);
         assert_lane_settled(&lane);
+    });
+}
+
+/// The lanes' watcher finds its lane empty and disarms while a publisher
+/// queues a publish and arms it; then it sleeps until armed and looks
+/// again. Whatever the interleaving, it is woken (a publisher's arm that
+/// found it still armed is covered by the watcher's second look before it
+/// sleeps; without that look, or without the arm's notify, loom finds it
+/// asleep for good), and it ends armed, with the publish still queued: the
+/// lane's task never runs here, so only the watcher can get it served.
+#[test]
+fn loom_the_lane_watch_never_sleeps_on_queued_work() {
+    model(|| {
+        let config = lane_config();
+        let env = model_env(&config);
+        let trie = Trie::<u32>::new();
+        let _calls = counting_handlers(&trie, &[(0, "t")]);
+        let lane = Arc::new(Lane::<u32>::new(2));
+        let watch = Arc::new(LaneWatch::new(vec![Arc::clone(&lane)]));
+        // Armed by an earlier publish, since served.
+        watch.arm();
+        let watcher = {
+            let watch = Arc::clone(&watch);
+            thread::spawn(move || {
+                let mut seen = watch.seen();
+                let mut stuck = 0;
+                watch.look_and_settle(&mut seen, &mut |_| stuck += 1);
+                assert!(watch.wait_armed(), "the watch never stops here");
+                watch.look_and_settle(&mut seen, &mut |_| stuck += 1);
+                stuck
+            })
+        };
+        let job = Arc::new(admitted_job(&trie, &config, &env, "t", 0));
+        // The lane's task is left unstarted: a task stuck in tokio's LIFO
+        // slot, or behind a slow handler.
+        assert!(matches!(lane.push(&job, false), Pushed::Queued { .. }));
+        watch.arm();
+        let stuck = watcher.join().unwrap();
+        assert!(lane.stuck_look().is_some(), "the publish is still queued");
+        assert!(watch.is_armed(), "the watcher sleeps on a queued publish");
+        // Seen at two looks in a row with nothing taken: found stuck.
+        assert!(stuck <= 1);
     });
 }

@@ -70,6 +70,7 @@ mod direct;
 mod fanout;
 mod inline;
 mod lane;
+mod lane_watch;
 mod ordered;
 mod ordered_sink;
 mod pending;
@@ -91,6 +92,8 @@ pub(crate) use fanout::{Fanout, Runner};
 pub(crate) use inline::{depth as inline_depth, MAX_INLINE_DEPTH};
 #[cfg(all(test, loom))]
 pub(crate) use lane::{Lane, Next, Pushed, Server};
+#[cfg(all(test, loom))]
+pub(crate) use lane_watch::LaneWatch;
 pub(crate) use ordered::{start_drains, Ordered};
 pub(crate) use ordered_sink::OrderedSink;
 pub(crate) use permit::TaskGauge;

@@ -55,6 +55,7 @@ use std::sync::Arc;
 use tokio::runtime::Handle;
 
 use super::lane::{Lane, Next, Pushed, Server, Work};
+use super::lane_watch::LaneWatch;
 use super::pending::{self, Place};
 use super::permit::TaskPermit;
 use super::pool::STALL;
@@ -64,7 +65,7 @@ use crate::error::Error;
 use crate::registry::entry::BoxFuture;
 use crate::registry::quiesce;
 use crate::stats::Tally;
-use crate::sync::{AtomicBool, Condvar, Mutex, Ordering};
+use crate::sync::{AtomicBool, Ordering};
 
 /// Deliveries a lane's task runs between two yields to the runtime: about
 /// half a millisecond of cheap handlers.
@@ -73,7 +74,7 @@ const YIELD_AFTER: u64 = 65_536;
 pub(crate) struct Tasks<T> {
     handle: Handle,
     lanes: Vec<Arc<Lane<T>>>,
-    watch: Arc<Watch<T>>,
+    watch: Arc<LaneWatch<T>>,
     /// The bus is closing: publishers wait no more.
     closing: AtomicBool,
 }
@@ -88,7 +89,14 @@ impl<T: Send + Sync + 'static> Tasks<T> {
         let lanes = workers.max(1);
         let capacity = (max_inflight_tasks / lanes).max(1);
         let lanes: Vec<_> = (0..lanes).map(|_| Arc::new(Lane::new(capacity))).collect();
-        let watch = Watch::start(lanes.clone(), handle.clone(), env)?;
+        let watch = {
+            let (handle, env) = (handle.clone(), Arc::clone(env));
+            LaneWatch::start(lanes.clone(), move |lane| {
+                if let Some(permit) = TaskPermit::acquire(&env) {
+                    spawn_lane_task(&handle, Arc::clone(lane), permit, Server::Other);
+                }
+            })?
+        };
         Ok(Self {
             handle,
             lanes,
@@ -404,121 +412,6 @@ fn start_lane_task<T: Send + Sync + 'static>(lane: &Arc<Lane<T>>, env: &Arc<Env>
             }
             env.counters.add(&tally);
         }
-    }
-}
-
-/// The lanes' watcher: a thread that looks at every lane each [`STALL`]
-/// while publishes are queued, and starts a helper task for a lane that
-/// has taken nothing since its last look (its server is stuck in a slow
-/// handler, or its task has not run yet: tokio keeps a task spawned by a
-/// publisher that does not yield in that thread's LIFO slot). It sleeps
-/// while every lane is empty; a publisher arms it (an atomic load while it
-/// is armed). Spawned from this thread, a
-/// helper goes to the runtime's shared queue, where any free worker takes
-/// it.
-struct Watch<T> {
-    lanes: Vec<Arc<Lane<T>>>,
-    /// Armed: looking. Read by publishers without the lock.
-    armed: AtomicBool,
-    state: Mutex<WatchState>,
-    wake: Condvar,
-}
-
-#[derive(Default)]
-struct WatchState {
-    armed: bool,
-    stopping: bool,
-}
-
-impl<T> Watch<T> {
-    fn lock(&self) -> crate::sync::MutexGuard<'_, WatchState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn stop(&self) {
-        self.lock().stopping = true;
-        self.wake.notify_one();
-    }
-}
-
-impl<T: Send + Sync + 'static> Watch<T> {
-    fn start(lanes: Vec<Arc<Lane<T>>>, handle: Handle, env: &Arc<Env>) -> Result<Arc<Self>, Error> {
-        let watch = Arc::new(Self {
-            lanes,
-            armed: AtomicBool::new(false),
-            state: Mutex::new(WatchState::default()),
-            wake: Condvar::new(),
-        });
-        let (watcher, env) = (Arc::clone(&watch), Arc::clone(env));
-        std::thread::Builder::new()
-            .name("blazesub-lanes".into())
-            .spawn(move || watcher.run(&handle, &env))
-            .map_err(Error::Spawn)?;
-        Ok(watch)
-    }
-
-    /// A publisher queued a publish: make sure the watcher looks.
-    fn arm(&self) {
-        if self.armed.load(Ordering::SeqCst) {
-            return;
-        }
-        self.armed.store(true, Ordering::SeqCst);
-        self.lock().armed = true;
-        self.wake.notify_one();
-    }
-
-    fn run(&self, handle: &Handle, env: &Arc<Env>) {
-        let mut seen: Vec<Option<u64>> = vec![None; self.lanes.len()];
-        loop {
-            {
-                let mut state = self.lock();
-                while !state.armed && !state.stopping {
-                    state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
-                }
-                if state.stopping {
-                    return;
-                }
-                let (state, _) = self
-                    .wake
-                    .wait_timeout(state, STALL)
-                    .unwrap_or_else(|e| e.into_inner());
-                if state.stopping {
-                    return;
-                }
-            }
-            if !self.look(&mut seen, handle, env) {
-                // Disarmed before the last look: a publisher that queues
-                // after it (both under the lane's lock) finds the watcher
-                // disarmed and arms it.
-                self.lock().armed = false;
-                self.armed.store(false, Ordering::SeqCst);
-                if self.look(&mut seen, handle, env) {
-                    self.arm();
-                }
-            }
-        }
-    }
-
-    /// Looks at every lane, starting a helper for each stuck one. Returns
-    /// whether any lane has publishes queued.
-    fn look(&self, seen: &mut [Option<u64>], handle: &Handle, env: &Arc<Env>) -> bool {
-        let mut any = false;
-        for (lane, seen) in self.lanes.iter().zip(seen.iter_mut()) {
-            let Some(started) = lane.stuck_look() else {
-                *seen = None;
-                continue;
-            };
-            any = true;
-            if *seen != Some(started) {
-                *seen = Some(started);
-                continue;
-            }
-            *seen = None;
-            if let Some(permit) = TaskPermit::acquire(env) {
-                spawn_lane_task(handle, Arc::clone(lane), permit, Server::Other);
-            }
-        }
-        any
     }
 }
 
