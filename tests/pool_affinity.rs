@@ -21,7 +21,7 @@ use common::wait_until;
 
 const SUBSCRIBERS: usize = 16;
 const LIMIT: Duration = Duration::from_secs(30);
-const BURSTS: u32 = 20;
+const BURSTS: u32 = 40;
 
 /// The tests here run one at a time: another test's pool beside this one's
 /// preempts its workers, and a worker stalled for over a millisecond is
@@ -54,7 +54,13 @@ fn subscribe_all(bus: &Bus<u32>, topic: &str) -> (Seen, Vec<blazesub::Subscripti
 }
 
 /// The thread that ran most of `topic`'s deliveries, checked to have run at
-/// least 90% of every subscription's.
+/// least 85% of every subscription's. Not all: a home worker that the
+/// machine runs late for over a millisecond (woken late from the hold's
+/// gate, preempted) is rightly taken over, half its queue at a time, which
+/// costs its subscriptions up to a burst's share (1/40 here); the 90% of
+/// 20 bursts this test first asked for failed once in about thirty full
+/// runs on a quiet machine. Workers taking any publish put about half on
+/// each (the shared queue this replaced: 60%).
 fn home_of(topic: &str, seen: &Seen) -> ThreadId {
     let mut homes = HashMap::<ThreadId, usize>::new();
     for (index, threads) in seen.iter().enumerate() {
@@ -62,9 +68,8 @@ fn home_of(topic: &str, seen: &Seen) -> ThreadId {
         let total: u32 = threads.values().sum();
         let (&home, &most) = threads.iter().max_by_key(|(_, &n)| n).unwrap();
         assert_eq!(total, BURSTS * BURST, "{topic}: subscription {index}");
-        // Any worker taking any publish puts about half on each.
         assert!(
-            most * 10 >= total * 9,
+            most * 100 >= total * 85,
             "{topic}: subscription {index} ran on {} threads, at most {most} of {total} on one",
             threads.len()
         );
