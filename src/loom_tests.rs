@@ -48,7 +48,11 @@
 //! - the lanes' watcher (`dispatch/lane_watch.rs`): a publish queued while
 //!   the watcher finds the lanes empty and disarms never leaves it asleep
 //!   with the publish queued, and an arm wakes a watcher asleep (a missed
-//!   wake-up would deadlock here).
+//!   wake-up would deadlock here);
+//! - the grace period behind `unsubscribe_and_wait` (`registry/quiesce.rs`):
+//!   once the wait that follows a subscription's deactivation returns, no
+//!   runner is in its handler and none enters it, whether a runner entered
+//!   before the deactivation, after it, or during the epoch flip.
 
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;
 use std::sync::Arc;
@@ -1015,5 +1019,59 @@ fn loom_the_lane_watch_never_sleeps_on_queued_work() {
         assert!(watch.is_armed(), "the watcher sleeps on a queued publish");
         // Seen at two looks in a row with nothing taken: found stuck.
         assert!(stuck <= 1);
+    });
+}
+
+/// Two runners deliver to one subscription while it is deactivated and the
+/// deactivating thread waits for a grace period (`registry/quiesce.rs`, as
+/// `unsubscribe_and_wait` does). Whatever the interleaving, a runner that
+/// finds the subscription active is still inside its handler's bracket
+/// until the wait is over: the handler never runs, nor is running, once
+/// the wait has returned. Each of these makes loom find a handler running
+/// after the wait (all tried): no fence after a runner counts itself in, a
+/// drain that does not wait, no drain of the old parity after the epoch
+/// flip, no fence in the wait. Without the loom build's fence in
+/// `Presence::drop`, the waiter sleeps for good (see there why a real
+/// build has none).
+#[test]
+fn loom_a_grace_period_outlasts_every_runner_that_saw_the_subscription() {
+    use crate::registry::quiesce::Quiescence;
+    use crate::sync::{AtomicBool, AtomicUsize, Ordering};
+
+    model(|| {
+        let quiescence = Arc::new(Quiescence::new());
+        let entry = Arc::new(Subscriber::<u32, ()>::new(0, ()));
+        // Set once the wait has returned; handlers check it as they end.
+        let waited = Arc::new(AtomicBool::new(false));
+        let ran = Arc::new(AtomicUsize::new(0));
+        let runners: Vec<_> = (0..2)
+            .map(|_| {
+                let (quiescence, entry) = (Arc::clone(&quiescence), Arc::clone(&entry));
+                let (waited, ran) = (Arc::clone(&waited), Arc::clone(&ran));
+                thread::spawn(move || {
+                    let _present = quiescence.enter();
+                    if entry.is_active() {
+                        // The handler: it must end before the wait does.
+                        ran.fetch_add(1, Ordering::SeqCst);
+                        assert!(
+                            !waited.load(Ordering::SeqCst),
+                            "a handler ran on after the grace period"
+                        );
+                    }
+                })
+            })
+            .collect();
+        assert!(entry.deactivate());
+        loom::future::block_on(quiescence.wait_for_readers());
+        waited.store(true, Ordering::SeqCst);
+        let ran_before = ran.load(Ordering::SeqCst);
+        for runner in runners {
+            runner.join().unwrap();
+        }
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            ran_before,
+            "a handler started after the grace period"
+        );
     });
 }

@@ -50,8 +50,6 @@ thread_local! {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % SHARDS
     };
-    /// Runners this thread is inside of, per parity.
-    static INSIDE: Cell<[usize; 2]> = const { Cell::new([0, 0]) };
     /// The async subscriptions whose deliveries this thread is polling now
     /// (their [`Running`] counters, by address), innermost last.
     static POLLING: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
@@ -60,6 +58,14 @@ thread_local! {
     /// for them (they cannot finish before it returns).
     static HELD: Cell<u64> = const { Cell::new(0) };
 }
+
+// Runners this thread is inside of, per parity. Per loom thread under
+// loom (its threads share one OS thread), so the grace period's model sees
+// the waiter's own count and no other.
+#[cfg(not(loom))]
+std::thread_local!(static INSIDE: Cell<[usize; 2]> = const { Cell::new([0, 0]) });
+#[cfg(loom)]
+loom::thread_local!(static INSIDE: Cell<[usize; 2]> = Cell::new([0, 0]));
 
 /// Runners on this thread now hold `n` more deliveries (see [`held_here`]).
 #[inline]
@@ -156,6 +162,15 @@ impl Quiescence {
         let _turn = self.turn.lock().await;
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let _done = Waiting(&self.waiting);
+        // Pairs with the fence in `enter`: either a runner's count is seen
+        // by the loads below, or that runner's flag loads see the clearing
+        // that preceded this call; and with the one in `Presence::drop`: a
+        // runner that leaves unseen sees `waiting` and wakes us. The
+        // clearing, the counts and the loads are `SeqCst`, which suffices
+        // in the language's model; the fence makes each argument one of two
+        // fences, which loom checks (it models `SeqCst` fences, not the
+        // total order of `SeqCst` accesses). One fence per wait.
+        fence(Ordering::SeqCst);
         let current = self.epoch.load(Ordering::SeqCst) & 1;
         self.drain(current ^ 1).await;
         self.epoch.fetch_add(1, Ordering::SeqCst);
@@ -172,6 +187,14 @@ impl Drop for Presence<'_> {
         });
         let quiescence = self.quiescence;
         quiescence.active[self.counter].fetch_sub(1, Ordering::SeqCst);
+        // The count's decrement and the load of `waiting` are both
+        // `SeqCst`: their total order with the waiter's increment and count
+        // loads means a waiter that missed this decrement is seen here. Loom
+        // does not model that order, so its builds state it as a fence
+        // (paired with the one in `wait_for_readers`); a real build spares
+        // every runner a full fence on its way out.
+        #[cfg(loom)]
+        fence(Ordering::SeqCst);
         if quiescence.waiting.load(Ordering::SeqCst) > 0 {
             quiescence.left.notify_waiters();
         }
