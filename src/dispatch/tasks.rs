@@ -32,6 +32,12 @@
 //! - under `CallerRuns`, runs its job itself;
 //! - under `Drop` and `Error`, counts its deliveries as dropped.
 //!
+//! A lane whose publishes sit behind a task that has not run, or behind a
+//! server stuck in a handler, while its publisher no longer publishes, is
+//! found by the lanes' watcher (`lane_watch.rs`), a thread of the bus that
+//! starts a helper task for it from outside the runtime, so the helper
+//! goes to the runtime's shared queue.
+//!
 //! So the lane makes progress wherever tokio puts its task, and where the
 //! task cannot run (a one-thread runtime whose publisher does not yield),
 //! the publisher does the work, as `Inline` would.
