@@ -52,7 +52,9 @@
 //! - the grace period behind `unsubscribe_and_wait` (`registry/quiesce.rs`):
 //!   once the wait that follows a subscription's deactivation returns, no
 //!   runner is in its handler and none enters it, whether a runner entered
-//!   before the deactivation, after it, or during the epoch flip.
+//!   before the deactivation, after it, or during the epoch flip; and an
+//!   async delivery a runner started before the deactivation has finished
+//!   once the wait for the subscription's unfinished deliveries returns.
 
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;
 use std::sync::Arc;
@@ -1073,5 +1075,54 @@ fn loom_a_grace_period_outlasts_every_runner_that_saw_the_subscription() {
             ran_before,
             "a handler started after the grace period"
         );
+    });
+}
+
+/// A runner starts an async handler's delivery while the subscription is
+/// deactivated and the deactivating thread waits as `unsubscribe_and_wait`
+/// does: the grace period, then the subscription's unfinished deliveries
+/// (`Running`). The runner starts the delivery inside its bracket and
+/// polls it to its end after leaving, as a task continuing it would.
+/// Whatever the interleaving, the delivery's body never runs after the
+/// wait has returned. It fails when the wait for unfinished deliveries
+/// returns at once, and when a delivery is counted at its first poll
+/// instead of when it starts (both tried).
+#[test]
+fn loom_unsubscribe_and_wait_outlasts_an_async_delivery() {
+    use crate::registry::quiesce::{Quiescence, Running};
+    use crate::sync::{AtomicBool, Ordering};
+
+    model(|| {
+        let quiescence = Arc::new(Quiescence::new());
+        let running = Arc::new(Running::new());
+        let entry = Arc::new(Subscriber::<u32, ()>::new(0, ()));
+        let waited = Arc::new(AtomicBool::new(false));
+        let runner = {
+            let (quiescence, running) = (Arc::clone(&quiescence), Arc::clone(&running));
+            let (entry, waited) = (Arc::clone(&entry), Arc::clone(&waited));
+            thread::spawn(move || {
+                let delivery = {
+                    let _present = quiescence.enter();
+                    entry.is_active().then(|| {
+                        running.track(async move {
+                            assert!(
+                                !waited.load(Ordering::SeqCst),
+                                "an async delivery ran after the wait returned"
+                            );
+                        })
+                    })
+                };
+                if let Some(delivery) = delivery {
+                    loom::future::block_on(delivery);
+                }
+            })
+        };
+        assert!(entry.deactivate());
+        loom::future::block_on(async {
+            quiescence.wait_for_readers().await;
+            running.wait_idle().await;
+        });
+        waited.store(true, Ordering::SeqCst);
+        runner.join().unwrap();
     });
 }

@@ -50,22 +50,30 @@ thread_local! {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % SHARDS
     };
-    /// The async subscriptions whose deliveries this thread is polling now
-    /// (their [`Running`] counters, by address), innermost last.
-    static POLLING: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
-    /// Deliveries in flight that the runners and async deliveries on this
-    /// thread's stack hold: a `close` called from a handler does not wait
-    /// for them (they cannot finish before it returns).
-    static HELD: Cell<u64> = const { Cell::new(0) };
 }
 
-// Runners this thread is inside of, per parity. Per loom thread under
-// loom (its threads share one OS thread), so the grace period's model sees
-// the waiter's own count and no other.
+// What this thread's stack holds: per loom thread in loom builds (loom runs
+// all its threads on one OS thread), so the models see a waiter's own
+// counts and no other thread's.
+//
+// - `INSIDE`: runners this thread is inside of, per parity.
+// - `POLLING`: the async subscriptions whose deliveries this thread is
+//   polling now (their [`Running`] counters, by address), innermost last.
+// - `HELD`: deliveries in flight that the runners and async deliveries on
+//   this thread's stack hold: a `close` called from a handler does not wait
+//   for them (they cannot finish before it returns).
 #[cfg(not(loom))]
-std::thread_local!(static INSIDE: Cell<[usize; 2]> = const { Cell::new([0, 0]) });
+std::thread_local! {
+    static INSIDE: Cell<[usize; 2]> = const { Cell::new([0, 0]) };
+    static POLLING: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    static HELD: Cell<u64> = const { Cell::new(0) };
+}
 #[cfg(loom)]
-loom::thread_local!(static INSIDE: Cell<[usize; 2]> = Cell::new([0, 0]));
+loom::thread_local! {
+    static INSIDE: Cell<[usize; 2]> = Cell::new([0, 0]);
+    static POLLING: RefCell<Vec<usize>> = RefCell::new(Vec::new());
+    static HELD: Cell<u64> = Cell::new(0);
+}
 
 /// Runners on this thread now hold `n` more deliveries (see [`held_here`]).
 #[inline]
