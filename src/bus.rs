@@ -640,6 +640,15 @@ impl<T: Send + Sync + 'static> Bus<T> {
             .map_err(|rejected| rejected.error)
     }
 
+    /// Admits a publish to `topic`: counted as in progress (so `close`
+    /// waits for it) until its guard is dropped or hands its deliveries
+    /// over. Refused if the bus is closed or `topic` is not a topic name.
+    pub(crate) fn admit(&self, topic: &str) -> Result<PublishGuard<'_>, Error> {
+        let admitted = self.inner.env.counters.begin_publish()?;
+        validate_topic(topic)?;
+        Ok(admitted)
+    }
+
     fn publish_message(
         &self,
         topic: &str,
@@ -649,13 +658,10 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ) -> Result<usize, Rejected<T>> {
         let inner = &*self.inner;
         let counters = &inner.env.counters;
-        let admitted = match counters.begin_publish() {
+        let admitted = match self.admit(topic) {
             Ok(admitted) => admitted,
             Err(error) => return Err(Rejected::with_value(error, data)),
         };
-        if let Err(error) = validate_topic(topic) {
-            return Err(Rejected::with_value(error.into(), data));
-        }
         if inner.policy.is_inline() && inline_depth() >= MAX_INLINE_DEPTH {
             counters.recursion_refused();
             let error = Error::RecursionLimit {
@@ -699,8 +705,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         metadata: Option<Metadata>,
     ) -> Result<usize, Error> {
         let inner = &*self.inner;
-        let admitted = inner.env.counters.begin_publish()?;
-        validate_topic(topic)?;
+        let admitted = self.admit(topic)?;
         let Some(node) = inner.trie.exact(filter) else {
             return Ok(0);
         };

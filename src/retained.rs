@@ -546,13 +546,10 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ) -> Result<usize, Rejected<T>> {
         let inner = &*self.inner;
         let counters = &inner.env.counters;
-        let admitted = match counters.begin_publish() {
+        let admitted = match self.admit(topic) {
             Ok(admitted) => admitted,
             Err(error) => return Err(Rejected::with_value(error, data)),
         };
-        if let Err(error) = validate_topic(topic) {
-            return Err(Rejected::with_value(error.into(), data));
-        }
         if !inner.retained.in_use() {
             // Subscribes that skipped the store read this flag under the
             // trie's writer lock; passing through that lock orders each of
