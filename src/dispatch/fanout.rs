@@ -80,6 +80,10 @@ pub(crate) struct Fanout<T> {
 /// A runner's view of its mode: how to enlist help and what to do with an
 /// async delivery that did not finish on its first poll.
 pub(crate) trait Runner<T> {
+    /// Whether other runners may work on the same job: if not (`Inline`,
+    /// whose job lives on the publisher's stack), nobody reads the job's
+    /// runner count, and a run does not keep it.
+    const SHARES_JOBS: bool = true;
     /// Whether a helper would find an idle worker now. Asked at every claim,
     /// so it must be a cheap read. Only the pool's runners enlist helpers;
     /// `Inline` has none to enlist, and `TaskPerSubscriber` starts all its
@@ -223,12 +227,15 @@ impl<T: Send + Sync + 'static> Fanout<T> {
 
     /// Claims and runs deliveries until none are left (or, under a
     /// single-claim plan, after one claim), then adds what it did to `tally`.
-    pub(crate) fn run(&self, env: &Env, runner: &mut impl Runner<T>, tally: &mut Tally) {
+    pub(crate) fn run<R: Runner<T>>(&self, env: &Env, runner: &mut R, tally: &mut Tally) {
         // Every flag check and handler call of this run happens while present.
         let _present = env.quiescence.enter();
-        self.runners.fetch_add(1, Ordering::Relaxed);
-        // This runner may be the helper that was queued: make room for another.
-        self.helper_queued.store(false, Ordering::Relaxed);
+        if R::SHARES_JOBS {
+            self.runners.fetch_add(1, Ordering::Relaxed);
+            // This runner may be the helper that was queued: make room for
+            // another.
+            self.helper_queued.store(false, Ordering::Relaxed);
+        }
         let mut progress = Progress {
             current: 0,
             claim_end: 0,
@@ -241,7 +248,9 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         });
         quiesce::unhold(progress.claimed as u64);
         progress.exceptions.add_to(progress.claimed, tally);
-        self.runners.fetch_sub(1, Ordering::Relaxed);
+        if R::SHARES_JOBS {
+            self.runners.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Whether the job is planned for one runner that claims units and

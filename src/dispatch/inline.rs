@@ -61,6 +61,8 @@ struct InlineRunner<'a> {
 }
 
 impl<T: Send + Sync + 'static> Runner<T> for InlineRunner<'_> {
+    const SHARES_JOBS: bool = false;
+
     fn has_idle_capacity(&self) -> bool {
         false
     }

@@ -64,13 +64,13 @@ thread_local! {
 //   for them (they cannot finish before it returns).
 #[cfg(not(loom))]
 std::thread_local! {
-    static INSIDE: Cell<[usize; 2]> = const { Cell::new([0, 0]) };
+    static INSIDE: [Cell<usize>; 2] = const { [Cell::new(0), Cell::new(0)] };
     static POLLING: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
     static HELD: Cell<u64> = const { Cell::new(0) };
 }
 #[cfg(loom)]
 loom::thread_local! {
-    static INSIDE: Cell<[usize; 2]> = Cell::new([0, 0]);
+    static INSIDE: [Cell<usize>; 2] = [Cell::new(0), Cell::new(0)];
     static POLLING: RefCell<Vec<usize>> = RefCell::new(Vec::new());
     static HELD: Cell<u64> = Cell::new(0);
 }
@@ -132,11 +132,9 @@ impl Quiescence {
         self.active[counter].fetch_add(1, Ordering::SeqCst);
         // Orders the flag loads of this run after the count is visible.
         fence(Ordering::SeqCst);
-        INSIDE.with(|inside| {
-            let mut counts = inside.get();
-            counts[parity] += 1;
-            inside.set(counts);
-        });
+        // One cell per parity: a read-modify-write of the pair made the
+        // next read of it wait on a partial store.
+        INSIDE.with(|inside| inside[parity].set(inside[parity].get() + 1));
         Presence {
             quiescence: self,
             parity,
@@ -149,7 +147,7 @@ impl Quiescence {
             .iter()
             .map(|count| count.load(Ordering::SeqCst))
             .sum();
-        total.saturating_sub(INSIDE.with(|inside| inside.get()[parity]))
+        total.saturating_sub(INSIDE.with(|inside| inside[parity].get()))
     }
 
     /// Waits until no runner of `parity` is left but those on this thread.
@@ -188,11 +186,7 @@ impl Quiescence {
 
 impl Drop for Presence<'_> {
     fn drop(&mut self) {
-        INSIDE.with(|inside| {
-            let mut counts = inside.get();
-            counts[self.parity] -= 1;
-            inside.set(counts);
-        });
+        INSIDE.with(|inside| inside[self.parity].set(inside[self.parity].get() - 1));
         let quiescence = self.quiescence;
         quiescence.active[self.counter].fetch_sub(1, Ordering::SeqCst);
         // The count's decrement and the load of `waiting` are both
@@ -252,7 +246,7 @@ impl Running {
                 // Polled outside any runner (continued as a task), this
                 // delivery is held by this thread's stack; inside a runner
                 // (its first poll), the runner already holds it.
-                let outside = INSIDE.with(|inside| inside.get() == [0, 0]);
+                let outside = INSIDE.with(|inside| inside[0].get() == 0 && inside[1].get() == 0);
                 if outside {
                     hold(1);
                 }
