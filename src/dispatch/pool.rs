@@ -136,16 +136,30 @@ struct Shared<T> {
     free: Vec<CachePadded<AtomicBool>>,
     /// Workers waiting.
     idle: CachePadded<AtomicUsize>,
-    /// Publishers waiting for room (`Overflow::Wait`), and what they wait
-    /// on: a worker that frees room while one waits wakes them all once its
-    /// queue is down to half.
-    publishers_waiting: CachePadded<AtomicUsize>,
-    room: Mutex<()>,
-    room_freed: Condvar,
+    /// Per queue: the publishers waiting for its room (`Overflow::Wait`).
+    /// Only that queue's worker wakes them, once the queue is down to half:
+    /// a publisher waiting for one queue is not woken by room freed in
+    /// another (it would find a slot or two there and wait again, taking a
+    /// core from a worker at each wake-up).
+    room: Vec<CachePadded<RoomWait>>,
     /// Set when the bus starts closing: publishers wait no more (a handler
     /// blocked in `close` may be what they would wait for).
     no_waiting: AtomicBool,
     stopping: AtomicBool,
+}
+
+/// The publishers waiting for one queue's room, and what they wait on.
+#[derive(Default)]
+struct RoomWait {
+    publishers_waiting: AtomicUsize,
+    lock: Mutex<()>,
+    freed: Condvar,
+}
+
+impl RoomWait {
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// Work a worker runs that another may join.
@@ -210,10 +224,6 @@ impl<T> Shared<T> {
         self.wanted.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn lock_room(&self) -> MutexGuard<'_, ()> {
-        self.room.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Posts `job` as wanting a runner and wakes a waiting worker for it.
     /// Returns the job it replaced, for the caller to drop (a job holds a
     /// message, user data whose drop must not run under the lock).
@@ -255,13 +265,14 @@ impl<T> Shared<T> {
     /// the two sees the other; the waker takes the lock the publisher holds
     /// from its look until it waits, so the wake-up cannot fall between.
     fn freed(&self, worker: usize) {
-        if self.publishers_waiting.load(Ordering::SeqCst) == 0 {
+        let room = &self.room[worker];
+        if room.publishers_waiting.load(Ordering::SeqCst) == 0 {
             return;
         }
         let used = self.queued_work(worker) + self.held[worker].load(Ordering::SeqCst);
         if used <= self.capacity / 2 {
-            let _room = self.lock_room();
-            self.room_freed.notify_all();
+            let _lock = room.lock();
+            room.freed.notify_all();
         }
     }
 
@@ -388,17 +399,16 @@ impl<T> Shared<T> {
             if self.no_waiting.load(Ordering::SeqCst) {
                 return Err(ticket);
             }
-            let room = self.lock_room();
-            self.publishers_waiting.fetch_add(1, Ordering::SeqCst);
-            let room = if self.has_room(worker) || self.no_waiting.load(Ordering::SeqCst) {
-                room
+            let room = &self.room[worker];
+            let lock = room.lock();
+            room.publishers_waiting.fetch_add(1, Ordering::SeqCst);
+            let lock = if self.has_room(worker) || self.no_waiting.load(Ordering::SeqCst) {
+                lock
             } else {
-                self.room_freed
-                    .wait(room)
-                    .unwrap_or_else(|e| e.into_inner())
+                room.freed.wait(lock).unwrap_or_else(|e| e.into_inner())
             };
-            self.publishers_waiting.fetch_sub(1, Ordering::SeqCst);
-            drop(room);
+            room.publishers_waiting.fetch_sub(1, Ordering::SeqCst);
+            drop(lock);
         }
     }
 
@@ -447,9 +457,7 @@ impl<T> Shared<T> {
             free: flags(true),
             wanted: Mutex::new(None),
             idle: CachePadded::new(AtomicUsize::new(0)),
-            publishers_waiting: CachePadded::new(AtomicUsize::new(0)),
-            room: Mutex::new(()),
-            room_freed: Condvar::new(),
+            room: (0..workers).map(|_| CachePadded::default()).collect(),
             no_waiting: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
         }
@@ -543,8 +551,10 @@ impl<T> Pool<T> {
         if self.shared.no_waiting.swap(true, Ordering::SeqCst) {
             return;
         }
-        let _room = self.shared.lock_room();
-        self.shared.room_freed.notify_all();
+        for room in &self.shared.room {
+            let _lock = room.lock();
+            room.freed.notify_all();
+        }
     }
 
     /// Lets the workers finish what is queued, then stop. Idempotent.
