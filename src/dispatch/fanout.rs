@@ -14,7 +14,10 @@
 //!   handlers that take real time are always claimed one by one (a free
 //!   worker takes the next subscription while another runs), and a handler
 //!   that turns slow without warning can hold up at most `MAX_GRAIN - 1`
-//!   subscriptions claimed with it (a free worker takes the rest).
+//!   subscriptions claimed with it (a free worker takes the rest). A job
+//!   that only one runner may work on (`Inline`, or a publish reaching one
+//!   subscription) is claimed whole: there is nobody to share it with, and
+//!   a grain would cost a clock read per claim.
 //! - A job is run either by claims, or whole in a batch of publishes to the
 //!   same subscriptions taken before any runner saw it
 //!   ([`Batch`](super::batch::Batch): a pool worker's), never both.
@@ -300,7 +303,8 @@ impl<T: Send + Sync + 'static> Fanout<T> {
     fn work(&self, env: &Env, runner: &mut impl Runner<T>, p: &mut Progress, tally: &mut Tally) {
         let mut sets = SetWalker::new(&self.lens);
         loop {
-            if p.current >= p.claim_end && !self.claim(runner, p) {
+            // A claim that reached the end leaves nothing for another.
+            if p.current >= p.claim_end && (p.claim_end >= self.total || !self.claim(runner, p)) {
                 return;
             }
             let (set_index, offset, set_end) = sets.locate(p.current);
@@ -338,12 +342,15 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         if self.plan.single_claim && p.claimed > 0 {
             return false;
         }
-        let units = if self.plan.unit == 1 && !self.plan.single_claim {
-            p.grain.next(FAST_UNIT)
+        let size = if self.plan.max_runners == 1 && !self.plan.single_claim {
+            // Nobody to share with (`Inline`, or one subscription): all of
+            // it at once, and no clock read for a grain.
+            self.total
+        } else if self.plan.unit == 1 && !self.plan.single_claim {
+            p.grain.next(FAST_UNIT) * self.plan.unit
         } else {
-            1
+            self.plan.unit
         };
-        let size = units * self.plan.unit;
         let start = self.next.fetch_add(size, Ordering::Relaxed);
         if start >= self.total {
             return false;
