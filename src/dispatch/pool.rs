@@ -47,7 +47,8 @@
 //! is one runner of one publish (an `Arc` of its job), so a burst costs no
 //! allocation per queued runner. When a queue is full the overflow policy
 //! applies: `Wait` (the default) has the publisher wait until the queue has
-//! drained to half, except on a pool worker, where it runs the job itself
+//! drained to half (only that queue's worker wakes it: each queue has its
+//! own waiters), except on a pool worker, where it runs the job itself
 //! as `CallerRuns` does (the room it would wait for may be its own); `Drop`
 //! and `Error` count the deliveries as dropped.
 //!
