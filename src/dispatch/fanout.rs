@@ -347,7 +347,8 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             // it at once, and no clock read for a grain.
             self.total
         } else if self.plan.unit == 1 && !self.plan.single_claim {
-            p.grain.next(FAST_UNIT) * self.plan.unit
+            // Units of one subscription: a grain of them.
+            p.grain.next(FAST_UNIT)
         } else {
             self.plan.unit
         };
