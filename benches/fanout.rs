@@ -337,12 +337,19 @@ fn service_own_counters() -> Vec<ServiceRow> {
         for (name, bus, workloads, samples) in &mut setups {
             let deliveries = publishes as f64 * (PER_TOPIC * workloads.len()) as f64;
             let placement = pool_placement(name);
+            let before = placement.as_ref().and(placement::ThreadTimes::now());
             let time = service::burst(&rt, bus, workloads, publishes);
             let rate = deliveries / time.as_secs_f64() / 1e6;
             samples.push(rate);
             if let Some(sampler) = placement {
+                // Each thread's time on a core tells a worker that was kept
+                // off one from a worker that did the same work slower.
+                let threads = before
+                    .zip(placement::ThreadTimes::now())
+                    .map(|(before, after)| after.since(&before))
+                    .unwrap_or_default();
                 println!(
-                    "service, own counters {name:>34}: repetition {rate:.0} M deliveries/s; {}",
+                    "service, own counters {name:>34}: repetition {rate:.0} M deliveries/s; {}; {threads}",
                     sampler.finish()
                 );
             }
