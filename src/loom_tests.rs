@@ -22,6 +22,10 @@
 //!   a reader waiting for a message is always woken by the push itself (loom
 //!   reports a deadlock otherwise); and a push racing the receiver's drop is
 //!   counted as dropped exactly once, by the push or by the drop;
+//! - the reader's parked mark (`ReaderWaker`), on plain atomics rather than
+//!   the model's mutex queue: a reader that parks is woken by one of two
+//!   racing publishers, and loom finds it asleep for good without either
+//!   side's `SeqCst` fence;
 //! - a subscribe racing the bus's first retained publish (which a subscribe
 //!   made before it skips the store's lock for) gets the message exactly
 //!   once, from its snapshot or live;
@@ -245,6 +249,47 @@ fn loom_mailbox_wakes_a_waiting_reader() {
         });
         producer.join().unwrap();
         assert_eq!(mailbox.lost(), 0);
+    });
+}
+
+#[test]
+fn loom_a_parked_reader_is_woken_by_a_publish_that_fenced() {
+    // `ReaderWaker` on its own, with a plain atomic for the message: the
+    // model's mailbox queue is a mutex, whose lock orders a push and a pop
+    // by itself, so it cannot show what the two fences do for the real
+    // lock-free queue. Here the publish is a relaxed store: either the
+    // reader's look after parking sees it, or the publisher sees the mark
+    // and wakes the reader; otherwise the reader sleeps for good (loom
+    // reports a deadlock). Two publishers race to wake it once.
+    use crate::sync::{fence, AtomicUsize, Ordering, ReaderWaker};
+    model(|| {
+        let waker = Arc::new(ReaderWaker::new());
+        let published = Arc::new(AtomicUsize::new(0));
+        let publishers: Vec<_> = (0..2)
+            .map(|_| {
+                let (waker, published) = (Arc::clone(&waker), Arc::clone(&published));
+                thread::spawn(move || {
+                    published.fetch_add(1, Ordering::Relaxed);
+                    fence(Ordering::SeqCst);
+                    waker.wake_parked();
+                })
+            })
+            .collect();
+        loom::future::block_on(std::future::poll_fn(|cx| {
+            if published.load(Ordering::Relaxed) == 2 {
+                waker.running();
+                return std::task::Poll::Ready(());
+            }
+            waker.park(cx.waker());
+            if published.load(Ordering::Relaxed) == 2 {
+                waker.running();
+                return std::task::Poll::Ready(());
+            }
+            std::task::Poll::Pending
+        }));
+        for publisher in publishers {
+            publisher.join().unwrap();
+        }
     });
 }
 

@@ -31,7 +31,7 @@ use super::room::{Room, Take};
 use crate::message::Message;
 use crate::stream_options::StreamOverflow;
 use crate::sync::queue::ArrayQueue;
-use crate::sync::{fence, AtomicBool, AtomicU64, Ordering, WakerSlot};
+use crate::sync::{fence, AtomicBool, AtomicU64, Ordering, ReaderWaker};
 
 /// The outcome of [`Mailbox::try_reserve`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,15 +52,16 @@ pub(crate) type Consumer = Arc<dyn Any + Send + Sync>;
 
 /// A stream subscription's bounded queue, with its overflow policy.
 ///
-/// `repr(C)` keeps what the publisher and the reader both write for every
-/// message (the waker slot and the room's free count) in the line after the
-/// queue's, and what a push only reads (the flags, the policy) after them:
+/// `repr(C)` keeps what the publisher and the reader both touch for every
+/// message (the reader's parked mark, which a push reads, and the room's
+/// free count, which both write) in the line after the queue's, and what a
+/// push only reads (the flags, the policy) after them:
 /// a fan-out to many streams touches a few lines per mailbox, and every one
 /// more is a cache miss per message once they outgrow the core's cache.
 #[repr(C)]
 pub(crate) struct Mailbox<T> {
     queue: ArrayQueue<Arc<Message<T>>>,
-    waker: WakerSlot,
+    waker: ReaderWaker,
     /// `Backpressure` only: slots neither occupied nor reserved. A publisher
     /// takes a slot per mailbox before it delivers (reserve, then deliver);
     /// the slot is occupied when its message is queued and given back when
@@ -117,7 +118,7 @@ impl<T> Mailbox<T> {
             room: (overflow == StreamOverflow::Backpressure).then(|| Room::new(capacity)),
             disconnected: AtomicBool::new(false),
             queue: ArrayQueue::new(capacity),
-            waker: WakerSlot::new(),
+            waker: ReaderWaker::new(),
             lost: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             reader_gone: AtomicBool::new(false),
@@ -215,12 +216,13 @@ impl<T> Mailbox<T> {
             dropped = 1;
         }
         // Pairs with the fence in `reader_dropped`: either that drain sees
-        // this push, or this load sees the flag.
+        // this push, or this load sees the flag. It is also the fence the
+        // reader's wake-up needs (see `ReaderWaker`).
         fence(Ordering::SeqCst);
         if self.reader_gone.load(Ordering::Relaxed) {
             dropped += self.drain();
         } else if self.consumer.is_none() {
-            self.waker.wake();
+            self.waker.wake_parked();
         }
         Pushed {
             dropped,
@@ -365,7 +367,7 @@ impl<T> Mailbox<T> {
             }
             return dropped;
         }
-        self.waker.wake();
+        self.waker.wake_parked();
         dropped
     }
 
@@ -396,12 +398,14 @@ impl<T> Mailbox<T> {
 
     pub(crate) fn poll_pop(&self, cx: &mut Context<'_>) -> Poll<Option<Arc<Message<T>>>> {
         if let Some(message) = self.pop() {
+            self.waker.running();
             return Poll::Ready(Some(message));
         }
-        self.waker.register(cx.waker());
-        // Re-check after registering: a push or close in between would
+        self.waker.park(cx.waker());
+        // Look again after parking: a push or close in between would
         // otherwise wake nobody.
         if let Some(message) = self.pop() {
+            self.waker.running();
             return Poll::Ready(Some(message));
         }
         if self.closed.load(Ordering::Acquire) {
