@@ -13,9 +13,9 @@
 //!   snapshot, exactly once, never one older than the snapshot's, even with
 //!   publishers racing the subscribe.
 //! - **Bounded**: at most `Config::max_retained` topics; retaining one more
-//!   evicts the topic retained least recently ([`Stats::retained_evicted`]).
+//!   evicts the topic retained least recently ([`Stats::retained_evicted`](crate::Stats::retained_evicted)).
 //!   With `Config::retained_expiry`, a message older than that is removed by
-//!   the next retained operation ([`Stats::retained_expired`]) and never
+//!   the next retained operation ([`Stats::retained_expired`](crate::Stats::retained_expired)) and never
 //!   handed out.
 //! - **Cost**: the store is a trie of topic levels, walked with the filter,
 //!   so a subscribe costs what its filter reaches (all of the store for `#`,

@@ -2,7 +2,8 @@
 //!
 //! Everything that takes part in a cross-thread protocol (the route cache's
 //! generation check, the subscriber sets' publication of new entries, the
-//! stream mailbox's close, reader-gone flag and lost count, the pool's
+//! stream mailbox's close, reader-gone flag, lost count and its reader's
+//! parked mark ([`ReaderWaker`]), the pool's
 //! shutdown, the runners' grace periods) imports its atomics, fences and
 //! cells from here rather than from `std`. Under `--cfg loom` this module
 //! swaps in loom's types, so the model checks in `src/loom_tests.rs`

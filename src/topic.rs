@@ -388,7 +388,7 @@ pub fn matches(filter: &str, topic: &str) -> bool {
     matches_valid(filter, topic)
 }
 
-/// [`matches`] for a valid, non-shared filter and a valid topic name.
+/// [`matches()`] for a valid, non-shared filter and a valid topic name.
 pub(crate) fn matches_valid(filter: &str, topic: &str) -> bool {
     if is_system_topic(topic) && filter.starts_with(['+', '#']) {
         return false;

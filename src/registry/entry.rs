@@ -192,7 +192,7 @@ pub(crate) trait EntryControl: Send + Sync {
     fn id(&self) -> u64;
     /// See [`Subscriber::deactivate`].
     fn deactivate(&self) -> bool;
-    /// See [`Sink::running`].
+    /// See [`Tracked::running`].
     fn running(&self) -> Option<Arc<Running>>;
     /// Whether dropping the entry releases anything of the user's (its sink
     /// has drop glue: a closure capturing an `Arc`, a `Sender`, a mailbox).

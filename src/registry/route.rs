@@ -90,10 +90,10 @@ impl<T> Route<T> {
             .collect()
     }
 
-    /// [`Self::handler_sets`] for a publish of `message`: first appends it
-    /// to each node's ordered log that has readers, and records its
-    /// position there in `positions` (one per set returned; `NO_POSITION`
-    /// where there is no log). Appending before the set is loaded means a
+    /// The route's current handler sets (empty ones left out) for a
+    /// publish of `message`: first appends it to each node's ordered log
+    /// that has readers, and records its position there in `positions`
+    /// (one per set returned; `NO_POSITION` where there is no log). Appending before the set is loaded means a
     /// set that lacks an ordered subscription also lacks every one that
     /// started reading before the append.
     pub(crate) fn handler_sets_appending(
