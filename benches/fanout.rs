@@ -337,7 +337,9 @@ fn service_own_counters() -> Vec<ServiceRow> {
         for (name, bus, workloads, samples) in &mut setups {
             let deliveries = publishes as f64 * (PER_TOPIC * workloads.len()) as f64;
             let placement = pool_placement(name);
-            let before = placement.as_ref().and(placement::ThreadTimes::now());
+            let before = placement
+                .as_ref()
+                .and_then(|_| placement::ThreadTimes::now());
             let time = service::burst(&rt, bus, workloads, publishes);
             let rate = deliveries / time.as_secs_f64() / 1e6;
             samples.push(rate);

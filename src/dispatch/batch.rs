@@ -14,8 +14,8 @@
 //!   pool lets one join only a worker that has stalled: see `pool.rs`). A
 //!   handler that blocks then holds up only the subscriptions claimed with
 //!   it, as below the threshold: a claim is one subscription at first and
-//!   doubles, up to [`MAX_GRAIN`](super::fanout::MAX_GRAIN), only while its subscriptions took under
-//!   [`FAST_UNIT`] per delivery.
+//!   doubles, up to [`MAX_GRAIN`](super::fanout::MAX_GRAIN), only while
+//!   its subscriptions took under [`FAST_UNIT`] per delivery.
 //! - An ordered subscription takes its messages of the batch in one turn
 //!   ([`Sink::deliver_batch`](crate::registry::entry::Sink)).
 //! - Each delivery checks its subscription's flag right before it runs; a
