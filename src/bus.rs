@@ -1007,7 +1007,7 @@ fn push_to_streams<T: Send + Sync + 'static>(
     // drops its reference on the count's line while the publisher would be
     // adding the next one there, a contended read-modify-write per stream.
     let mut copies: Copies<T> = SmallVec::new();
-    route.for_each_stream_set(|set| {
+    reservations.for_each_stream_set(route, |set, held| {
         let len = set.len();
         for (index, entry) in set.entries(len).enumerate() {
             if copies.is_empty() {
@@ -1018,7 +1018,7 @@ fn push_to_streams<T: Send + Sync + 'static>(
                 continue;
             }
             let reserved = entry.sink.is_lossless();
-            if reserved && !reservations.take(entry) {
+            if reserved && !held.take(index, entry) {
                 // A lossless subscription this publish made no room in: it
                 // appeared after the reservations (see `reserve.rs`).
                 continue;

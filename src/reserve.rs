@@ -10,10 +10,14 @@
 //!   `publish_async` then waits ([`reserve_waiting`]), mailbox by mailbox
 //!   in the order of their ids, so two publishers never wait on each other
 //!   in a cycle, and publishes with the room it holds.
-//! - Room taken without waiting is spent by the same publish at once, so it
-//!   is recorded as ids in the route's order, which the push walks again
-//!   (no entry is cloned: a reference count contended with the reader per
-//!   mailbox and publish). Room taken by waiting is held by [`Reservations`]
+//! - Room taken without waiting is spent by the same publish at once, so
+//!   nothing records where: the reserve pass holds the route's stream sets
+//!   it walked (a set a subscribe replaces meanwhile stays as it was for
+//!   this publish) and the push walks those same sets, in which the first
+//!   entries, as many as the pass walked, are the ones it took room in
+//!   (except any it found closed). No entry is cloned (a reference count
+//!   contended with the reader per mailbox and publish), and nothing is
+//!   allocated. Room taken by waiting is held by [`Reservations`]
 //!   with its entries: dropped (the publish failed, or the future was
 //!   dropped while waiting) it gives back whatever the push did not spend,
 //!   at once. Delivery after the last reservation is synchronous, so a
@@ -33,26 +37,31 @@ use smallvec::SmallVec;
 
 use crate::registry::entry::StreamEntry;
 use crate::registry::mailbox::Reserve;
-use crate::registry::route::Route;
+use crate::registry::route::{Route, StreamSets};
+use crate::registry::subset::StreamSet;
 
 /// The lossless mailboxes a publish reaches.
 type Targets<T> = SmallVec<[StreamEntry<T>; 4]>;
 
 /// Room held in lossless mailboxes for one publish.
 pub(crate) struct Reservations<T> {
-    /// Taken without waiting, during the publish that spends them: the ids
-    /// of the entries, in the route's order (the push walks the route in the
-    /// same order). Nothing to give back when dropped: the push spent each
-    /// one, or skipped its subscription because it had left, and a mailbox
-    /// nobody publishes to again has no use for room.
-    now: SmallVec<[u64; 8]>,
+    /// Taken without waiting, during the publish that spends them: the
+    /// route's stream sets as the reserve pass walked them, held so that
+    /// the push walks the very same ones, and how many entries of each the
+    /// pass walked. Of those entries, every active lossless one holds a
+    /// slot, except the ones in `closed`. Nothing to give back when
+    /// dropped: the push spent each slot, or skipped its subscription
+    /// because it had left, and a mailbox nobody publishes to again has no
+    /// use for room. Empty when nothing was taken.
+    now: StreamSets<T>,
+    walked: SmallVec<[usize; 2]>,
+    /// Ids of the lossless mailboxes the pass found closed (no slot).
+    closed: SmallVec<[u64; 2]>,
     /// Taken by waiting, before the publish: the entries, sorted by id, each
     /// holding a slot until the push spends it (`true` while held). Dropped
     /// (the future was cancelled, the publish refused), it gives back what
     /// is held.
     waited: SmallVec<[(StreamEntry<T>, bool); 4]>,
-    /// The next of `now` in route order.
-    cursor: usize,
 }
 
 /// A lossless mailbox had no room.
@@ -66,16 +75,63 @@ impl<T> Reservations<T> {
     pub(crate) fn none() -> Self {
         Self {
             now: SmallVec::new(),
+            walked: SmallVec::new(),
+            closed: SmallVec::new(),
             waited: SmallVec::new(),
-            cursor: 0,
         }
     }
 
-    /// Whether this publish holds room in `entry`'s mailbox; if so, the
-    /// slot passes to the push it is handed to, which spends it or gives it
-    /// back.
+    /// Runs `f` on each stream set a publish with these reservations
+    /// pushes to, with what it holds there: the sets the reserve pass
+    /// walked if it took room without waiting (let go of afterwards, before
+    /// any handler runs), else the route's current ones. Called once, by
+    /// the push.
+    pub(crate) fn for_each_stream_set(
+        &mut self,
+        route: &Route<T>,
+        mut f: impl FnMut(&StreamSet<T>, &mut Held<'_, T>),
+    ) {
+        let Self {
+            now,
+            walked,
+            closed,
+            waited,
+        } = self;
+        let mut number = 0;
+        let mut each = |set: &StreamSet<T>| {
+            let mut held = Held {
+                walked: walked.get(number).copied().unwrap_or(0),
+                closed,
+                waited: &mut *waited,
+            };
+            f(set, &mut held);
+            number += 1;
+        };
+        if now.is_empty() {
+            route.for_each_stream_set(each);
+        } else {
+            for set in std::mem::take(now).iter() {
+                each(set);
+            }
+        }
+    }
+}
+
+/// The room a publish holds in one stream set's mailboxes (see
+/// [`Reservations::for_each_stream_set`]).
+pub(crate) struct Held<'a, T> {
+    /// The set's entries the reserve pass walked (0 if it took nothing).
+    walked: usize,
+    closed: &'a [u64],
+    waited: &'a mut SmallVec<[(StreamEntry<T>, bool); 4]>,
+}
+
+impl<T> Held<'_, T> {
+    /// Whether this publish holds room in `entry`'s mailbox, the set's
+    /// `index`th entry; if so, the slot passes to the push it is handed to,
+    /// which spends it or gives it back.
     #[inline]
-    pub(crate) fn take(&mut self, entry: &StreamEntry<T>) -> bool {
+    pub(crate) fn take(&mut self, index: usize, entry: &StreamEntry<T>) -> bool {
         if !self.waited.is_empty() {
             return match self
                 .waited
@@ -85,19 +141,9 @@ impl<T> Reservations<T> {
                 Err(_) => false,
             };
         }
-        // The push walks the route in the order the reservations were made:
-        // the next one is the one, unless the push skipped some (they left
-        // meanwhile); then it is further on.
-        match self.now[self.cursor..]
-            .iter()
-            .position(|&id| id == entry.id())
-        {
-            Some(found) => {
-                self.cursor += found + 1;
-                true
-            }
-            None => false,
-        }
+        // Walked by the reserve pass (an entry past that appeared since),
+        // and not found closed there.
+        index < self.walked && !self.closed.contains(&entry.id())
     }
 }
 
@@ -112,51 +158,65 @@ impl<T> Drop for Reservations<T> {
     }
 }
 
-/// Calls `f` on each active lossless mailbox of `route`, in the route's order.
-fn for_each_lossless<T>(route: &Route<T>, mut f: impl FnMut(&StreamEntry<T>)) {
-    route.for_each_stream_set(|set| {
-        for entry in set.entries(set.len()) {
-            if entry.is_active() && entry.sink.is_lossless() {
-                f(entry);
-            }
+/// Calls `f` on each active lossless mailbox of `set` among its first
+/// `len` entries, with its index there.
+fn for_each_lossless<T>(set: &StreamSet<T>, len: usize, mut f: impl FnMut(usize, &StreamEntry<T>)) {
+    for (index, entry) in set.entries(len).enumerate() {
+        if entry.is_active() && entry.sink.is_lossless() {
+            f(index, entry);
         }
-    });
+    }
 }
 
 /// Takes room in every lossless mailbox of `route` now, or none at all. The
 /// caller publishes at once, with the same route.
 pub(crate) fn reserve_now<T>(route: &Route<T>) -> Result<Reservations<T>, NoRoom> {
+    let sets = route.stream_sets();
     let mut reservations = Reservations::none();
-    // Sized once for every stream of the route: a fan-out to more lossless
-    // streams than fit inline then allocates once per publish, not once
-    // per doubling (four times for a hundred).
-    let mut streams = 0;
-    route.for_each_stream_set(|set| streams += set.len());
-    if streams > reservations.now.inline_size() {
-        reservations.now.reserve_exact(streams);
-    }
+    let mut taken = false;
     let mut full = None;
-    for_each_lossless(route, |entry| {
+    for set in &sets {
+        let len = set.len();
+        // Up to where the pass got: a full mailbox ends it.
+        let mut walked = len;
+        for_each_lossless(set, len, |index, entry| {
+            if full.is_some() {
+                return;
+            }
+            match entry.sink.try_reserve() {
+                Reserve::Taken => taken = true,
+                // The receiver is gone or the bus closed; nothing to hold.
+                Reserve::Closed => reservations.closed.push(entry.id()),
+                Reserve::Full => {
+                    full = Some(entry.sink.capacity());
+                    walked = index;
+                }
+            }
+        });
+        reservations.walked.push(walked);
         if full.is_some() {
-            return;
+            break;
         }
-        match entry.sink.try_reserve() {
-            Reserve::Taken => reservations.now.push(entry.id()),
-            // The receiver is gone or the bus closed; nothing to hold.
-            Reserve::Closed => {}
-            Reserve::Full => full = Some(entry.sink.capacity()),
-        }
-    });
+    }
     let Some(capacity) = full else {
+        if taken {
+            reservations.now = sets;
+        } else {
+            // Nothing held: the push may walk the route as it finds it.
+            reservations.walked.clear();
+            reservations.closed.clear();
+        }
         return Ok(reservations);
     };
-    // Give back what was taken: the same walk finds the same entries, in
-    // order (one that left meanwhile has no use for its room).
-    for_each_lossless(route, |entry| {
-        if reservations.take(entry) {
-            entry.sink.unreserve();
-        }
-    });
+    // Give back what was taken: the same sets, up to the full mailbox (one
+    // that left meanwhile has no use for its room).
+    for (set, &walked) in sets.iter().zip(&reservations.walked) {
+        for_each_lossless(set, walked, |_, entry| {
+            if !reservations.closed.contains(&entry.id()) {
+                entry.sink.unreserve();
+            }
+        });
+    }
     Err(NoRoom { capacity })
 }
 
@@ -164,7 +224,9 @@ pub(crate) fn reserve_now<T>(route: &Route<T>) -> Result<Reservations<T>, NoRoom
 /// by mailbox in the order of their ids.
 pub(crate) async fn reserve_waiting<T>(route: &Route<T>) -> Reservations<T> {
     let mut targets: Targets<T> = SmallVec::new();
-    for_each_lossless(route, |entry| targets.push(Arc::clone(entry)));
+    route.for_each_stream_set(|set| {
+        for_each_lossless(set, set.len(), |_, entry| targets.push(Arc::clone(entry)));
+    });
     // By id: two publishers waiting never hold what the other waits for.
     targets.sort_by_key(|entry: &StreamEntry<T>| entry.id());
     let mut reservations = Reservations::none();
@@ -181,4 +243,44 @@ pub(crate) async fn reserve_waiting<T>(route: &Route<T>) -> Reservations<T> {
         }
     }
     reservations
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::Arc;
+
+    use super::reserve_now;
+    use crate::{Bus, DeliveryMode, Message, StreamOptions, StreamOverflow};
+
+    /// Room is taken, then a second lossless stream subscribes to the same
+    /// filter (its set grows) before the push: the push walks what the
+    /// reserve pass walked, so the newcomer gets nothing and loses nothing,
+    /// and the stream that was there gets the message in the room it holds.
+    #[test]
+    fn a_lossless_stream_subscribed_between_reserving_and_pushing_is_skipped() {
+        let bus = Bus::<u32>::builder()
+            .delivery(DeliveryMode::Inline)
+            .build()
+            .expect("bus");
+        let lossless = StreamOptions::new(1).overflow(StreamOverflow::Backpressure);
+        let mut first = bus.subscribe_stream_with("t", lossless).expect("subscribe");
+        let route = bus.inner.routes.route(&bus.inner.trie, "t");
+        let Ok(reservations) = reserve_now(&route) else {
+            panic!("an empty mailbox has room");
+        };
+        let mut later = bus.subscribe_stream_with("t", lossless).expect("subscribe");
+        let admitted = bus.admit("t").expect("admitted");
+        let message = Arc::new(Message::new("t", 7));
+        let Ok(reached) = bus.fan_out(admitted, "t", route, message, Some(reservations)) else {
+            panic!("the publish held its room");
+        };
+        assert_eq!(reached, 1);
+        assert_eq!(first.try_recv().map(|m| *m.data()).ok(), Some(7));
+        assert!(later.try_recv().is_err(), "the newcomer got a message");
+        assert_eq!(later.lost(), 0, "the newcomer counted a loss");
+        // Both have their room: the next publish reaches both.
+        assert_eq!(bus.publish("t", 8).ok(), Some(2));
+        assert_eq!(first.try_recv().map(|m| *m.data()).ok(), Some(8));
+        assert_eq!(later.try_recv().map(|m| *m.data()).ok(), Some(8));
+    }
 }

@@ -361,6 +361,9 @@ pub(crate) mod channel {
 mod cell {
     use std::sync::Arc;
 
+    /// A value read from an [`ArcCell`], held (see [`ArcCell::guard`]).
+    pub(crate) type CellGuard<T> = arc_swap::Guard<Arc<T>>;
+
     /// An `Arc<T>` that can be replaced while other threads read it.
     pub(crate) struct ArcCell<T>(arc_swap::ArcSwap<T>);
 
@@ -377,6 +380,12 @@ mod cell {
         /// Runs `f` on the current value without touching its reference count.
         pub(crate) fn with<R>(&self, f: impl FnOnce(&Arc<T>) -> R) -> R {
             f(&self.0.load())
+        }
+
+        /// The current value, kept alive for as long as the guard is held,
+        /// without touching its reference count in the common case.
+        pub(crate) fn guard(&self) -> CellGuard<T> {
+            self.0.load()
         }
 
         pub(crate) fn store(&self, value: Arc<T>) {
@@ -413,6 +422,8 @@ mod cell {
     use loom::sync::Mutex;
     use std::sync::Arc;
 
+    pub(crate) type CellGuard<T> = Arc<T>;
+
     pub(crate) struct ArcCell<T>(Mutex<Arc<T>>);
 
     impl<T> ArcCell<T> {
@@ -427,6 +438,10 @@ mod cell {
         pub(crate) fn with<R>(&self, f: impl FnOnce(&Arc<T>) -> R) -> R {
             let value = self.load_full();
             f(&value)
+        }
+
+        pub(crate) fn guard(&self) -> CellGuard<T> {
+            self.load_full()
         }
 
         pub(crate) fn store(&self, value: Arc<T>) {
@@ -456,4 +471,4 @@ mod cell {
     }
 }
 
-pub(crate) use cell::{ArcCell, OptionArcCell};
+pub(crate) use cell::{ArcCell, CellGuard, OptionArcCell};

@@ -56,7 +56,7 @@ use super::ordered_log::OrderedLog;
 use super::quiesce::Quiescence;
 use super::subset::{HandlerSet, StreamSet, SubSet};
 use super::{Kind, Registry};
-use crate::sync::{ArcCell, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{ArcCell, AtomicU64, AtomicUsize, CellGuard, Mutex, MutexGuard, Ordering};
 use crate::topic::is_system_topic;
 
 /// A set this long or shorter is compacted on every removal of an entry that
@@ -239,6 +239,13 @@ impl<T> NodeSubs<T> {
     #[inline]
     pub(crate) fn with_streams<R>(&self, f: impl FnOnce(&StreamSet<T>) -> R) -> R {
         self.streams.with(|set| f(set))
+    }
+
+    /// The node's current stream set, held: a set the node replaces
+    /// meanwhile (grown, compacted) stays alive, unchanged, for the holder.
+    #[inline]
+    pub(crate) fn stream_set(&self) -> CellGuard<StreamSet<T>> {
+        self.streams.guard()
     }
 }
 
