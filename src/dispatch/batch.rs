@@ -34,7 +34,7 @@ use smallvec::SmallVec;
 use super::fanout::{Exceptions, Grain, Resumable, SetWalker, FAST_UNIT, MAX_BATCH};
 use super::{pending, Env, Fanout, Runner};
 use crate::message::Message;
-use crate::registry::entry::NO_POSITION;
+use crate::registry::entry::{Sink, Subscriber, NO_POSITION};
 use crate::registry::quiesce;
 use crate::stats::Tally;
 use crate::sync::{AtomicUsize, Ordering};
@@ -206,6 +206,15 @@ impl<T: Send + Sync + 'static> Batch<T> {
                 for slot in run {
                     match slot.get() {
                         Some(entry) => {
+                            // Dereferenced once for all the jobs: through the
+                            // slot's `Arc`, each delivery would load the slot,
+                            // the sink's vtable and its alignment again (the
+                            // handler call is opaque to the compiler) before
+                            // it could even read the flag; with the address
+                            // held, it reads the flag at once. 13-20% less
+                            // time per publish on a shared counter (design
+                            // notes §13, twenty-sixth session).
+                            let entry: &Subscriber<T, dyn Sink<T>> = entry;
                             if p.job == 0
                                 && !ordered.is_empty()
                                 && entry.is_active()
