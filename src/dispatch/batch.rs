@@ -183,7 +183,10 @@ impl<T: Send + Sync + 'static> Batch<T> {
         p: &mut BatchProgress,
         tally: &mut Tally,
     ) {
-        let jobs = &self.jobs;
+        // A slice held in registers: the handler calls are opaque, and the
+        // batch (which has atomics) would otherwise be read again for
+        // every job.
+        let jobs: &[Arc<Fanout<T>>] = &self.jobs;
         let mut sets = SetWalker::new(first.lens());
         while p.current < p.claim_end {
             let (set_index, offset, set_end) = sets.locate(p.current);
