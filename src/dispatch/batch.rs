@@ -7,9 +7,10 @@
 //!   not yet seen by any runner. Its jobs are never claimed on their own:
 //!   a job runs whole in one batch or by its own claims, never both.
 //! - Runners claim **subscriptions** from the batch's one cursor (an atomic
-//!   add per claim) and run each claimed subscription's deliveries of every
-//!   job back to back, in the jobs' order. So every subscription receives
-//!   the publishes in order, whoever runs it. The worker that gathered the
+//!   add per claim) and run the claimed ones in groups of up to [`GROUP`]
+//!   consecutive subscriptions: the first job's deliveries to the group,
+//!   then the next job's, in the jobs' order. So every subscription
+//!   receives the publishes in order, whoever runs it. The worker that gathered the
 //!   batch runs it; another worker may join it and claim what is left (the
 //!   pool lets one join only a worker that has stalled: see `pool.rs`). A
 //!   handler that blocks then holds up only the subscriptions claimed with
@@ -25,8 +26,13 @@
 //!
 //! Why whole batches: a fan-out's cost follows the memory it walks, and
 //! this walks the entries once per batch instead of once per publish, with
-//! each handler's captures still in cache for its next message.
+//! each handler's captures still in cache for its next message. Why groups:
+//! one subscription at a time, a delivery read the job (its message and
+//! log position) from a batch-wide list of up to 64 jobs every time; a
+//! group reads each job once for up to eight deliveries, and its entries
+//! stay in cache meanwhile (design notes §13, twenty-sixth session).
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -39,6 +45,15 @@ use crate::registry::quiesce;
 use crate::stats::Tally;
 use crate::sync::{AtomicUsize, Ordering};
 
+/// Subscriptions a runner walks together, job by job: their entries stay
+/// in the core's first-level cache across the batch's jobs, and each job's
+/// message is read once per group rather than once per delivery.
+const GROUP: usize = 8;
+
+/// A subscription of a group, dereferenced: its entry (for the flag) and
+/// its sink (`None`: an empty slot).
+type Member<'a, T> = Option<(&'a Subscriber<T, dyn Sink<T>>, &'a dyn Sink<T>)>;
+
 /// The jobs of a batch.
 pub(crate) type Jobs<T> = SmallVec<[Arc<Fanout<T>>; MAX_BATCH]>;
 
@@ -50,12 +65,19 @@ pub(crate) struct Batch<T> {
     next: AtomicUsize,
 }
 
-/// A batch runner's position: delivery `current` of job `job` is next.
+/// A batch runner's position: the delivery of job `job` to subscription
+/// `current + member` is next.
 struct BatchProgress {
+    /// The first subscription of the group in progress (or of the next).
     current: usize,
     /// The end of its current claim.
     claim_end: usize,
+    /// The job whose deliveries to the group are in progress.
     job: usize,
+    /// Within the group, the subscription whose delivery of `job` is next.
+    member: usize,
+    /// Subscriptions in the group in progress.
+    group: usize,
     /// Jobs in the batch: each delivery is one job's at one subscription.
     jobs: usize,
     /// Deliveries it claimed in all.
@@ -124,6 +146,8 @@ impl<T: Send + Sync + 'static> Batch<T> {
             current: 0,
             claim_end: 0,
             job: 0,
+            member: 0,
+            group: 1,
             jobs: self.jobs.len(),
             claimed: 0,
             exceptions: Exceptions::default(),
@@ -169,6 +193,7 @@ impl<T: Send + Sync + 'static> Batch<T> {
         p.current = start;
         p.claim_end = end;
         p.job = 0;
+        p.member = 0;
         true
     }
 
@@ -205,52 +230,80 @@ impl<T: Send + Sync + 'static> Batch<T> {
                         .map(|job| (job.message(), job.position(set_index))),
                 );
             }
+            // Ordered subscriptions take a batch in one turn, one by one;
+            // the others in groups.
+            let group_size = if ordered.is_empty() { GROUP } else { 1 };
             for run in set.runs(offset..offset + (stop - p.current)) {
-                for slot in run {
-                    match slot.get() {
-                        Some(entry) => {
-                            // Dereferenced once for all the jobs: through the
-                            // slot's `Arc`, each delivery would load the slot,
-                            // the sink's vtable and its alignment again (the
-                            // handler call is opaque to the compiler) before
-                            // it could even read the flag; with the address
-                            // held, it reads the flag at once. 13-20% less
-                            // time per publish on a shared counter (design
-                            // notes §13, twenty-sixth session).
-                            let entry: &Subscriber<T, dyn Sink<T>> = entry;
-                            if p.job == 0
-                                && !ordered.is_empty()
-                                && entry.is_active()
-                                && entry
-                                    .sink
-                                    .deliver_batch(&ordered, &mut p.exceptions.settled)
-                            {
-                                p.job = jobs.len();
+                for group in run.chunks(group_size) {
+                    p.group = group.len();
+                    // Dereferenced once for all the jobs, flag and sink:
+                    // through the slot's `Arc`, each delivery would load
+                    // the slot, the sink's vtable and its alignment again
+                    // (the handler call is opaque to the compiler) before
+                    // it could even read the flag.
+                    let mut members: [Member<'_, T>; GROUP] = [None; GROUP];
+                    for (member, slot) in members.iter_mut().zip(group) {
+                        *member = slot
+                            .get()
+                            .map(|entry| (&**entry, &entry.sink as &dyn Sink<T>));
+                    }
+                    let members = &members[..group.len()];
+                    if let [Some((entry, sink))] = *members {
+                        if p.job == 0
+                            && !ordered.is_empty()
+                            && entry.is_active()
+                            && sink.deliver_batch(&ordered, &mut p.exceptions.settled)
+                        {
+                            p.job = jobs.len();
+                        }
+                    }
+                    // The walk's place, kept in registers: a store of it
+                    // before every call cost a tenth of the time (the
+                    // handler's locked add waits for it). A handler's panic
+                    // is caught right here instead, so nothing needs it;
+                    // it is stored only before a future is handed over or
+                    // a panic reported, for the walk to resume should that
+                    // panic in turn.
+                    let mut job_index = p.job;
+                    let mut from = p.member;
+                    while let Some(job) = jobs.get(job_index) {
+                        let message = job.message();
+                        let position = job.position(set_index);
+                        for (offset, member) in members[from..].iter().enumerate() {
+                            let Some((_, sink)) = member.filter(|(entry, _)| entry.is_active())
+                            else {
+                                // Unsubscribed since the publish.
+                                p.exceptions.not_delivered += 1;
+                                continue;
+                            };
+                            let settled = &mut p.exceptions.settled;
+                            let run = catch_unwind(AssertUnwindSafe(|| {
+                                sink.deliver_at(message, position, settled)
+                                    .and_then(|started| {
+                                        pending::first_poll(started, env.handle.as_ref())
+                                    })
+                            }));
+                            if !matches!(run, Ok(None)) {
+                                p.job = job_index;
+                                p.member = from + offset;
                             }
-                            while let Some(job) = jobs.get(p.job) {
-                                if !entry.is_active() {
-                                    p.exceptions.not_delivered += 1;
-                                    p.job += 1;
-                                    continue;
-                                }
-                                let started = entry.sink.deliver_at(
-                                    job.message(),
-                                    job.position(set_index),
-                                    &mut p.exceptions.settled,
-                                );
-                                let unfinished = started.and_then(|started| {
-                                    pending::first_poll(started, env.handle.as_ref())
-                                });
-                                p.job += 1;
-                                if let Some(future) = unfinished {
-                                    p.exceptions.hand_over(future, runner, tally);
-                                }
+                            match run {
+                                Ok(None) => {}
+                                Ok(Some(future)) => p.exceptions.hand_over(future, runner, tally),
+                                Err(panic) => p.exceptions.panicked(
+                                    first,
+                                    p.current + p.member,
+                                    panic.as_ref(),
+                                    tally,
+                                ),
                             }
                         }
-                        None => p.exceptions.not_delivered += jobs.len() - p.job,
+                        from = 0;
+                        job_index += 1;
                     }
+                    p.member = 0;
                     p.job = 0;
-                    p.current += 1;
+                    p.current += group.len();
                 }
             }
         }
@@ -259,20 +312,26 @@ impl<T: Send + Sync + 'static> Batch<T> {
 
 impl Resumable for BatchProgress {
     fn delivery(&self) -> usize {
-        self.current
+        self.current + self.member
     }
 
     fn exceptions(&mut self) -> &mut Exceptions {
         &mut self.exceptions
     }
 
-    /// The next job's delivery to the same subscription, or the first
-    /// job's to the next.
+    /// The same job's delivery to the group's next subscription, or the
+    /// next job's to the group's first, or the first job's to the next
+    /// group.
     fn step_past(&mut self) {
+        self.member += 1;
+        if self.member < self.group {
+            return;
+        }
+        self.member = 0;
         self.job += 1;
         if self.job == self.jobs {
             self.job = 0;
-            self.current += 1;
+            self.current += self.group;
         }
     }
 }
