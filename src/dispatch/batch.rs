@@ -10,8 +10,9 @@
 //!   add per claim) and run the claimed ones in groups of up to [`GROUP`]
 //!   consecutive subscriptions: the first job's deliveries to the group,
 //!   then the next job's, in the jobs' order. So every subscription
-//!   receives the publishes in order, whoever runs it. The worker that gathered the
-//!   batch runs it; another worker may join it and claim what is left (the
+//!   receives the publishes in order, whoever runs it. The worker that
+//!   gathered the batch runs it; another worker may join it and claim what
+//!   is left (the
 //!   pool lets one join only a worker that has stalled: see `pool.rs`). A
 //!   handler that blocks then holds up only the subscriptions claimed with
 //!   it, as below the threshold: a claim is one subscription at first and
