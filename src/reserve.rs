@@ -11,13 +11,13 @@
 //!   in the order of their ids, so two publishers never wait on each other
 //!   in a cycle, and publishes with the room it holds.
 //! - Room taken without waiting is spent by the same publish at once, so
-//!   nothing records where: the reserve pass holds the route's stream sets
-//!   it walked (a set a subscribe replaces meanwhile stays as it was for
-//!   this publish) and the push walks those same sets, in which the first
+//!   nothing records where: the reserve pass holds the stream sets it took
+//!   room in (a set a subscribe replaces meanwhile stays as it was for this
+//!   publish) and the push walks those same sets, in which the first
 //!   entries, as many as the pass walked, are the ones it took room in
 //!   (except any it found closed). No entry is cloned (a reference count
 //!   contended with the reader per mailbox and publish), and nothing is
-//!   allocated. Room taken by waiting is held by [`Reservations`]
+//!   allocated while room is taken in at most two of the route's sets. Room taken by waiting is held by [`Reservations`]
 //!   with its entries: dropped (the publish failed, or the future was
 //!   dropped while waiting) it gives back whatever the push did not spend,
 //!   at once. Delivery after the last reservation is synchronous, so a
@@ -37,8 +37,9 @@ use smallvec::SmallVec;
 
 use crate::registry::entry::StreamEntry;
 use crate::registry::mailbox::Reserve;
-use crate::registry::route::{Route, StreamSets};
+use crate::registry::route::Route;
 use crate::registry::subset::StreamSet;
+use crate::sync::CellGuard;
 
 /// The lossless mailboxes a publish reaches.
 type Targets<T> = SmallVec<[StreamEntry<T>; 4]>;
@@ -46,22 +47,30 @@ type Targets<T> = SmallVec<[StreamEntry<T>; 4]>;
 /// Room held in lossless mailboxes for one publish.
 pub(crate) struct Reservations<T> {
     /// Taken without waiting, during the publish that spends them: the
-    /// route's stream sets as the reserve pass walked them, held so that
-    /// the push walks the very same ones, and how many entries of each the
-    /// pass walked. Of those entries, every active lossless one holds a
-    /// slot, except the ones in `closed`. Nothing to give back when
-    /// dropped: the push spent each slot, or skipped its subscription
-    /// because it had left, and a mailbox nobody publishes to again has no
-    /// use for room. Empty when nothing was taken.
-    now: StreamSets<T>,
-    walked: SmallVec<[usize; 2]>,
-    /// Ids of the lossless mailboxes the pass found closed (no slot).
+    /// stream sets the reserve pass took room in, held so that the push
+    /// walks the very same ones, in the order of the route's nodes. Nothing
+    /// to give back when dropped: the push spent each slot, or skipped its
+    /// subscription because it had left, and a mailbox nobody publishes to
+    /// again has no use for room. Empty when nothing was taken.
+    now: SmallVec<[HeldSet<T>; 2]>,
+    /// Ids of the lossless mailboxes the pass found closed (no slot) in
+    /// the sets of `now`.
     closed: SmallVec<[u64; 2]>,
     /// Taken by waiting, before the publish: the entries, sorted by id, each
     /// holding a slot until the push spends it (`true` while held). Dropped
     /// (the future was cancelled, the publish refused), it gives back what
     /// is held.
     waited: SmallVec<[(StreamEntry<T>, bool); 4]>,
+}
+
+/// A stream set the reserve pass took room in.
+struct HeldSet<T> {
+    /// The place of the set's node among the route's nodes.
+    node: usize,
+    set: CellGuard<StreamSet<T>>,
+    /// How many of its entries the pass walked. Of those, every active
+    /// lossless one holds a slot, except the ones found closed.
+    walked: usize,
 }
 
 /// A lossless mailbox had no room.
@@ -75,17 +84,16 @@ impl<T> Reservations<T> {
     pub(crate) fn none() -> Self {
         Self {
             now: SmallVec::new(),
-            walked: SmallVec::new(),
             closed: SmallVec::new(),
             waited: SmallVec::new(),
         }
     }
 
     /// Runs `f` on each stream set a publish with these reservations
-    /// pushes to, with what it holds there: the sets the reserve pass
-    /// walked if it took room without waiting (let go of afterwards, before
-    /// any handler runs), else the route's current ones. Called once, by
-    /// the push.
+    /// pushes to, with what it holds there: where the reserve pass took
+    /// room without waiting, the set it walked (let go of afterwards,
+    /// before any handler runs); elsewhere the node's current one. Called
+    /// once, by the push.
     pub(crate) fn for_each_stream_set(
         &mut self,
         route: &Route<T>,
@@ -93,25 +101,30 @@ impl<T> Reservations<T> {
     ) {
         let Self {
             now,
-            walked,
             closed,
             waited,
         } = self;
-        let mut number = 0;
-        let mut each = |set: &StreamSet<T>| {
-            let mut held = Held {
-                walked: walked.get(number).copied().unwrap_or(0),
-                closed,
-                waited: &mut *waited,
-            };
-            f(set, &mut held);
-            number += 1;
+        let mut held = Held {
+            walked: 0,
+            closed,
+            waited,
         };
+        let now = std::mem::take(now);
         if now.is_empty() {
-            route.for_each_stream_set(each);
-        } else {
-            for set in std::mem::take(now).iter() {
-                each(set);
+            route.for_each_stream_set(|set| f(set, &mut held));
+            return;
+        }
+        let mut now = now.iter().peekable();
+        for (number, node) in route.nodes().enumerate() {
+            match now.next_if(|kept| kept.node == number) {
+                Some(kept) => {
+                    held.walked = kept.walked;
+                    f(&kept.set, &mut held);
+                }
+                None => {
+                    held.walked = 0;
+                    node.with_streams(|set| f(set, &mut held));
+                }
             }
         }
     }
@@ -159,29 +172,28 @@ impl<T> Drop for Reservations<T> {
 }
 
 /// Calls `f` on each active lossless mailbox of `set` among its first
-/// `len` entries, with its index there.
-fn for_each_lossless<T>(set: &StreamSet<T>, len: usize, mut f: impl FnMut(usize, &StreamEntry<T>)) {
-    for (index, entry) in set.entries(len).enumerate() {
-        if entry.is_active() && entry.sink.is_lossless() {
-            f(index, entry);
-        }
-    }
+/// `len` entries.
+fn for_each_lossless<T>(set: &StreamSet<T>, len: usize, f: impl FnMut(&StreamEntry<T>)) {
+    set.entries(len)
+        .filter(|entry| entry.is_active() && entry.sink.is_lossless())
+        .for_each(f);
 }
 
 /// Takes room in every lossless mailbox of `route` now, or none at all. The
 /// caller publishes at once, with the same route.
 pub(crate) fn reserve_now<T>(route: &Route<T>) -> Result<Reservations<T>, NoRoom> {
-    let sets = route.stream_sets();
     let mut reservations = Reservations::none();
-    let mut taken = false;
     let mut full = None;
-    for set in &sets {
+    for (number, node) in route.nodes().enumerate() {
+        let set = node.stream_set();
         let len = set.len();
+        let closed = reservations.closed.len();
         // Up to where the pass got: a full mailbox ends it.
         let mut walked = len;
-        for_each_lossless(set, len, |index, entry| {
-            if full.is_some() {
-                return;
+        let mut taken = false;
+        for (index, entry) in set.entries(len).enumerate() {
+            if !entry.is_active() || !entry.sink.is_lossless() {
+                continue;
             }
             match entry.sink.try_reserve() {
                 Reserve::Taken => taken = true,
@@ -190,28 +202,32 @@ pub(crate) fn reserve_now<T>(route: &Route<T>) -> Result<Reservations<T>, NoRoom
                 Reserve::Full => {
                     full = Some(entry.sink.capacity());
                     walked = index;
+                    break;
                 }
             }
-        });
-        reservations.walked.push(walked);
+        }
+        if taken {
+            reservations.now.push(HeldSet {
+                node: number,
+                set,
+                walked,
+            });
+        } else {
+            // Nothing held here: the push walks the node's set as it
+            // finds it then, and needs no list of closed ones.
+            reservations.closed.truncate(closed);
+        }
         if full.is_some() {
             break;
         }
     }
     let Some(capacity) = full else {
-        if taken {
-            reservations.now = sets;
-        } else {
-            // Nothing held: the push may walk the route as it finds it.
-            reservations.walked.clear();
-            reservations.closed.clear();
-        }
         return Ok(reservations);
     };
     // Give back what was taken: the same sets, up to the full mailbox (one
     // that left meanwhile has no use for its room).
-    for (set, &walked) in sets.iter().zip(&reservations.walked) {
-        for_each_lossless(set, walked, |_, entry| {
+    for kept in &reservations.now {
+        for_each_lossless(&kept.set, kept.walked, |entry| {
             if !reservations.closed.contains(&entry.id()) {
                 entry.sink.unreserve();
             }
@@ -225,7 +241,7 @@ pub(crate) fn reserve_now<T>(route: &Route<T>) -> Result<Reservations<T>, NoRoom
 pub(crate) async fn reserve_waiting<T>(route: &Route<T>) -> Reservations<T> {
     let mut targets: Targets<T> = SmallVec::new();
     route.for_each_stream_set(|set| {
-        for_each_lossless(set, set.len(), |_, entry| targets.push(Arc::clone(entry)));
+        for_each_lossless(set, set.len(), |entry| targets.push(Arc::clone(entry)));
     });
     // By id: two publishers waiting never hold what the other waits for.
     targets.sort_by_key(|entry: &StreamEntry<T>| entry.id());

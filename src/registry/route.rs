@@ -30,7 +30,7 @@ use super::entry::NO_POSITION;
 use super::subset::{HandlerSet, StreamSet};
 use super::trie::{topic_hash, NodeSubs, Trie};
 use crate::message::Message;
-use crate::sync::{AtomicUsize, CellGuard, OptionArcCell, Ordering};
+use crate::sync::{AtomicUsize, OptionArcCell, Ordering};
 
 /// The handler sets one publish reaches, loaded from its route's nodes.
 /// Inline up to four (a topic rarely matches more filters): no allocation.
@@ -145,17 +145,12 @@ impl<T> Route<T> {
         }
     }
 
-    /// The current stream set of each of the route's nodes, in the order
-    /// of [`Self::for_each_stream_set`], held: two passes over them see
-    /// the same entries in the same places.
-    pub(crate) fn stream_sets(&self) -> StreamSets<T> {
-        self.nodes.iter().map(|node| node.stream_set()).collect()
+    /// The route's nodes, in the order of [`Self::for_each_stream_set`].
+    #[inline]
+    pub(crate) fn nodes(&self) -> impl Iterator<Item = &NodeSubs<T>> {
+        self.nodes.iter().map(|node| &**node)
     }
 }
-
-/// A route's stream sets, held (see [`Route::stream_sets`]). Inline up to
-/// two: a topic rarely matches more filters with streams.
-pub(crate) type StreamSets<T> = SmallVec<[CellGuard<StreamSet<T>>; 2]>;
 
 pub(crate) struct RouteCache<T> {
     slots: Box<[OptionArcCell<Route<T>>]>,
