@@ -302,9 +302,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// mode; other subscriptions still run in parallel. A publish writes
     /// the message once to a log the filter's ordered handlers share, which
     /// keeps the newest `Config::stream_capacity` messages: a handler that
-    /// falls further behind loses the oldest it had not run, counted in
-    /// [`Stats::dropped`](crate::Stats). A slow ordered handler holds up only
-    /// itself. The log keeps its messages alive until newer ones push them
+    /// falls further behind loses the oldest it had not started, counted in
+    /// [`Stats::dropped`](crate::Stats). (A worker runs a burst's messages
+    /// to the handler in batches of up to 64, checked against the log as
+    /// the batch starts: once started, a batch runs to its end.) A slow
+    /// ordered handler holds up only itself. The log keeps its messages alive until newer ones push them
     /// out (or the filter's last ordered subscription is gone), even after
     /// every handler ran them.
     ///

@@ -209,7 +209,13 @@ impl<T> OrderedLog<T> {
     /// still holds a copy (the bound is the ring's, not the copies').
     #[inline]
     pub(crate) fn pushed_out(&self, position: u64) -> bool {
-        position + (self.capacity as u64) < self.head()
+        position < self.oldest_kept()
+    }
+
+    /// The oldest position still readable: every older one is pushed out.
+    #[inline]
+    pub(crate) fn oldest_kept(&self) -> u64 {
+        self.head().saturating_sub(self.capacity as u64)
     }
 
     /// Reads the messages from position `from` to the head into `into`
