@@ -460,12 +460,11 @@ mod tests {
         assert_eq!((outcome.delivered, outcome.dropped), (5, 3));
     }
 
-    /// A batch whose oldest messages the log pushed out before it ran
-    /// counts those dropped and runs the rest, in order: the bound holds
-    /// for batches too.
-    #[test]
-    fn a_batch_drops_what_the_log_pushed_out_before_it_ran() {
-        let log = Arc::new(OrderedLog::<u32>::new(2));
+    /// The values a recording sink ran, in order.
+    type Seen = Arc<Mutex<Vec<u32>>>;
+
+    /// A sink reading `log` that records the values it runs.
+    fn recording(log: &Arc<OrderedLog<u32>>) -> (impl Sink<u32>, Seen) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let sink = {
             let seen = Arc::clone(&seen);
@@ -474,7 +473,17 @@ mod tests {
                 1,
             )
         };
-        sink.attach(Arc::clone(&log));
+        sink.attach(Arc::clone(log));
+        (sink, seen)
+    }
+
+    /// A batch whose oldest messages the log pushed out before it ran
+    /// counts those dropped and runs the rest, in order: the bound holds
+    /// for batches too.
+    #[test]
+    fn a_batch_drops_what_the_log_pushed_out_before_it_ran() {
+        let log = Arc::new(OrderedLog::<u32>::new(2));
+        let (sink, seen) = recording(&log);
         let messages: Vec<_> = (0..5).map(|v| Arc::new(Message::new("t", v))).collect();
         let batch: Vec<_> = messages.iter().map(|m| (m, log.append(m))).collect();
         let mut settled = Settled::default();
@@ -493,15 +502,7 @@ mod tests {
     #[test]
     fn a_batch_runs_in_order_and_catches_up_on_a_gap() {
         let log = Arc::new(OrderedLog::<u32>::new(16));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let sink = {
-            let seen = Arc::clone(&seen);
-            OrderedSink::new(
-                move |m: &Message<u32>| seen.lock().unwrap().push(*m.data()),
-                1,
-            )
-        };
-        sink.attach(Arc::clone(&log));
+        let (sink, seen) = recording(&log);
         let messages: Vec<_> = (0..4).map(|v| Arc::new(Message::new("t", v))).collect();
         let positions: Vec<_> = messages.iter().map(|m| log.append(m)).collect();
         let batch: Vec<_> = [0, 1, 3]
