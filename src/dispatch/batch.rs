@@ -33,13 +33,12 @@
 //! group reads each job once for up to eight deliveries, and its entries
 //! stay in cache meanwhile (design notes §13, twenty-sixth session).
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::fanout::{Exceptions, Grain, Resumable, SetWalker, FAST_UNIT, MAX_BATCH};
-use super::{pending, Env, Fanout, Runner};
+use super::fanout::{start, Exceptions, Grain, Resumable, SetWalker, FAST_UNIT, MAX_BATCH};
+use super::{Env, Fanout, Runner};
 use crate::message::Message;
 use crate::registry::entry::{Sink, Subscriber, NO_POSITION};
 use crate::registry::quiesce;
@@ -258,13 +257,7 @@ impl<T: Send + Sync + 'static> Batch<T> {
                             p.job = jobs.len();
                         }
                     }
-                    // The walk's place, kept in registers: a store of it
-                    // before every call cost a tenth of the time (the
-                    // handler's locked add waits for it). A handler's panic
-                    // is caught right here instead, so nothing needs it;
-                    // it is stored only before a future is handed over or
-                    // a panic reported, for the walk to resume should that
-                    // panic in turn.
+                    // The walk's place, kept in registers (see `start`).
                     let mut job_index = p.job;
                     let mut from = p.member;
                     while let Some(job) = jobs.get(job_index) {
@@ -277,26 +270,14 @@ impl<T: Send + Sync + 'static> Batch<T> {
                                 p.exceptions.not_delivered += 1;
                                 continue;
                             };
-                            let settled = &mut p.exceptions.settled;
-                            let run = catch_unwind(AssertUnwindSafe(|| {
-                                sink.deliver_at(message, position, settled)
-                                    .and_then(|started| {
-                                        pending::first_poll(started, env.handle.as_ref())
-                                    })
-                            }));
-                            if !matches!(run, Ok(None)) {
+                            let started =
+                                start(sink, message, position, env, &mut p.exceptions.settled);
+                            if !matches!(started, Ok(None)) {
                                 p.job = job_index;
                                 p.member = from + offset;
-                            }
-                            match run {
-                                Ok(None) => {}
-                                Ok(Some(future)) => p.exceptions.hand_over(future, runner, tally),
-                                Err(panic) => p.exceptions.panicked(
-                                    first,
-                                    p.current + p.member,
-                                    panic.as_ref(),
-                                    tally,
-                                ),
+                                let delivery = p.current + p.member;
+                                p.exceptions
+                                    .unfinished(started, first, delivery, runner, tally);
                             }
                         }
                         from = 0;

@@ -21,8 +21,11 @@
 //! - A job is run either by claims, or whole in a batch of publishes to the
 //!   same subscriptions taken before any runner saw it
 //!   ([`Batch`](super::batch::Batch): a pool worker's), never both.
-//! - A panicking delivery is caught, counted, and the loop resumes with the
-//!   next delivery; the catch is set up once per runner, not per delivery.
+//! - A panicking delivery is caught at its call ([`start`]: no cost unless
+//!   it panics), counted, and the loop goes on with the next delivery. What
+//!   can panic after that (handing a future over, reporting the panic) is
+//!   caught once per runner ([`Fanout::resuming`]), which resumes past the
+//!   delivery the walk stored as its place.
 //! - Each delivery checks its subscription's flag immediately before running,
 //!   so a subscription removed since the publish is skipped.
 
@@ -35,7 +38,7 @@ use smallvec::SmallVec;
 
 use super::{pending, report_panic, Env, Plan, Policy};
 use crate::message::Message;
-use crate::registry::entry::{BoxFuture, HandlerEntry, Settled, NO_POSITION};
+use crate::registry::entry::{BoxFuture, HandlerEntry, Settled, Sink, NO_POSITION};
 use crate::registry::quiesce;
 use crate::registry::route::{HandlerSets, Positions};
 use crate::registry::subset::HandlerSet;
@@ -311,29 +314,34 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             let stop = p.claim_end.min(set_end);
             let set = &self.sets[set_index];
             let position = self.position(set_index);
-            for run in set.runs(offset..offset + (stop - p.current)) {
+            // The walk's place, kept in a register: a handler's panic is
+            // caught at the call, and the place stored only for the rare
+            // steps after it (see `start`).
+            let mut current = p.current;
+            for run in set.runs(offset..offset + (stop - current)) {
                 for slot in run {
                     match slot.get() {
                         Some(entry) if entry.is_active() => {
-                            let started = entry.sink.deliver_at(
+                            let started = start(
+                                &entry.sink,
                                 &self.message,
                                 position,
+                                env,
                                 &mut p.exceptions.settled,
                             );
-                            if let Some(future) = started.and_then(|started| {
-                                pending::first_poll(started, env.handle.as_ref())
-                            }) {
-                                p.current += 1;
-                                p.exceptions.hand_over(future, runner, tally);
-                                continue;
+                            if !matches!(started, Ok(None)) {
+                                p.current = current;
+                                p.exceptions
+                                    .unfinished(started, self, current, runner, tally);
                             }
                         }
                         // Unsubscribed since the publish (or never published).
                         _ => p.exceptions.not_delivered += 1,
                     }
-                    p.current += 1;
+                    current += 1;
                 }
             }
+            p.current = current;
         }
     }
 
@@ -457,6 +465,33 @@ impl<T: Send + Sync + 'static> Fanout<T> {
     }
 }
 
+/// What a delivery did when [`start`]ed: finished (`Ok(None)`), left a
+/// future to hand over, or panicked.
+pub(super) type Started = std::thread::Result<Option<BoxFuture>>;
+
+/// Starts one delivery of `message` (at `position` in the set's ordered
+/// log) to `sink`, through an async handler's first poll, and catches a
+/// panic of either right here. A walk that calls this keeps its place in
+/// registers across the call: storing it before every call, for
+/// [`Fanout::resuming`] to resume from, cost a tenth of a cheap handler's
+/// delivery (the handler's locked add waits for the store). It stores its
+/// place only when the delivery did not simply finish, before
+/// [`Exceptions::unfinished`], which can panic in turn (a user's
+/// `tracing` layer, a runtime's spawn) and is then resumed from there.
+#[inline(always)]
+pub(super) fn start<T: Send + Sync + 'static>(
+    sink: &dyn Sink<T>,
+    message: &Arc<Message<T>>,
+    position: u64,
+    env: &Env,
+    settled: &mut Settled,
+) -> Started {
+    catch_unwind(AssertUnwindSafe(|| {
+        sink.deliver_at(message, position, settled)
+            .and_then(|started| pending::first_poll(started, env.handle.as_ref()))
+    }))
+}
+
 /// A runner's place in its deliveries, for [`Fanout::resuming`] to step
 /// past one that panicked.
 pub(super) trait Resumable {
@@ -507,6 +542,23 @@ impl Exceptions {
         self.handed_over += 1;
         self.not_delivered += 1;
         runner.pending(future, tally);
+    }
+
+    /// A delivery of `job` (the `delivery`th) that [`start`] left
+    /// unfinished: its future handed over, or its panic counted.
+    pub(super) fn unfinished<T: Send + Sync + 'static>(
+        &mut self,
+        started: Started,
+        job: &Fanout<T>,
+        delivery: usize,
+        runner: &mut impl Runner<T>,
+        tally: &mut Tally,
+    ) {
+        match started {
+            Ok(None) => {}
+            Ok(Some(future)) => self.hand_over(future, runner, tally),
+            Err(panic) => self.panicked(job, delivery, panic.as_ref(), tally),
+        }
     }
 
     /// A delivery of `job` (the `delivery`th) panicked, caught by the runner.
