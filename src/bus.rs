@@ -801,8 +801,13 @@ impl<T: Send + Sync + 'static> Bus<T> {
             None => Reservations::none(),
         };
         counters.published();
-        let mut matched =
-            push_to_streams(&route, &message, counters, &mut admitted, &mut reservations);
+        // Reservations imply streams, so only a bus that never had one
+        // skips looking (a set read per node of the route).
+        let mut matched = if inner.trie.had_streams() {
+            push_to_streams(&route, &message, counters, &mut admitted, &mut reservations)
+        } else {
+            0
+        };
         let mut positions = Positions::new();
         let mut sets = route.handler_sets_appending(&message, &mut positions);
         let home = route.home;

@@ -56,7 +56,9 @@ use super::ordered_log::OrderedLog;
 use super::quiesce::Quiescence;
 use super::subset::{HandlerSet, StreamSet, SubSet};
 use super::{Kind, Registry};
-use crate::sync::{ArcCell, AtomicU64, AtomicUsize, CellGuard, Mutex, MutexGuard, Ordering};
+use crate::sync::{
+    ArcCell, AtomicBool, AtomicU64, AtomicUsize, CellGuard, Mutex, MutexGuard, Ordering,
+};
 use crate::topic::is_system_topic;
 
 /// A set this long or shorter is compacted on every removal of an entry that
@@ -252,6 +254,8 @@ impl<T> NodeSubs<T> {
 /// Which of a node's two sets an operation is about.
 pub(crate) trait SetKind<T>: 'static {
     type Sink: ?Sized + 'static;
+    /// Whether these are stream subscriptions (see [`Trie::had_streams`]).
+    const STREAMS: bool;
     fn cell(subs: &NodeSubs<T>) -> &ArcCell<SubSet<T, Self::Sink>>;
     /// Keeps a replaced set of this kind for dropping after the lock.
     fn release(released: &mut Released<T>, set: Arc<SubSet<T, Self::Sink>>);
@@ -264,6 +268,7 @@ pub(crate) enum Streams {}
 
 impl<T: 'static> SetKind<T> for Handlers {
     type Sink = dyn Sink<T>;
+    const STREAMS: bool = false;
     fn cell(subs: &NodeSubs<T>) -> &ArcCell<HandlerSet<T>> {
         &subs.handlers
     }
@@ -274,6 +279,7 @@ impl<T: 'static> SetKind<T> for Handlers {
 
 impl<T: 'static> SetKind<T> for Streams {
     type Sink = Mailbox<T>;
+    const STREAMS: bool = true;
     fn cell(subs: &NodeSubs<T>) -> &ArcCell<StreamSet<T>> {
         &subs.streams
     }
@@ -339,6 +345,9 @@ pub(crate) struct Trie<T> {
     topic_epochs: Box<[AtomicU64]>,
     nodes: AtomicUsize,
     subscriptions: AtomicU64,
+    /// Set before the first stream subscription is visible, never cleared:
+    /// until then a publish has no mailbox to look for.
+    had_streams: AtomicBool,
     writer: Mutex<Writer<T>>,
 }
 
@@ -362,6 +371,7 @@ impl<T: 'static> Trie<T> {
             topic_epochs: (0..TOPIC_EPOCHS).map(|_| AtomicU64::new(0)).collect(),
             nodes: AtomicUsize::new(0),
             subscriptions: AtomicU64::new(0),
+            had_streams: AtomicBool::new(false),
             writer: Mutex::new(Writer {
                 closed: false,
                 by_filter: FxHashMap::default(),
@@ -369,6 +379,13 @@ impl<T: 'static> Trie<T> {
                 watchers: None,
             }),
         }
+    }
+
+    /// Whether a stream subscription was ever added (a bus with handlers
+    /// only skips looking for mailboxes on every publish).
+    #[inline]
+    pub(crate) fn had_streams(&self) -> bool {
+        self.had_streams.load(Ordering::SeqCst)
     }
 
     /// The current stamp of the topic whose [`topic_hash`] is `hash`: the
@@ -581,6 +598,11 @@ impl<T: 'static> Trie<T> {
             return Err(InsertError::Closed);
         }
         let make = make.take().expect("insert_locked runs once per insert");
+        if K::STREAMS {
+            // Before the entry is visible: a publish that can find it, or
+            // that starts after this insert returns, sees the flag.
+            self.had_streams.store(true, Ordering::SeqCst);
+        }
         if hidden {
             self.note_hidden(writer, filter, true);
         } else {
