@@ -37,10 +37,12 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::fanout::{start, Exceptions, Grain, Resumable, SetWalker, FAST_UNIT, MAX_BATCH};
+use super::fanout::{
+    self, start, Exceptions, Grain, Member, Resumable, SetWalker, FAST_UNIT, MAX_BATCH,
+};
 use super::{Env, Fanout, Runner};
 use crate::message::Message;
-use crate::registry::entry::{Sink, Subscriber, NO_POSITION};
+use crate::registry::entry::NO_POSITION;
 use crate::registry::quiesce;
 use crate::stats::Tally;
 use crate::sync::{AtomicUsize, Ordering};
@@ -49,10 +51,6 @@ use crate::sync::{AtomicUsize, Ordering};
 /// in the core's first-level cache across the batch's jobs, and each job's
 /// message is read once per group rather than once per delivery.
 const GROUP: usize = 8;
-
-/// A subscription of a group, dereferenced: its entry (for the flag) and
-/// its sink (`None`: an empty slot).
-type Member<'a, T> = Option<(&'a Subscriber<T, dyn Sink<T>>, &'a dyn Sink<T>)>;
 
 /// The jobs of a batch.
 pub(crate) type Jobs<T> = SmallVec<[Arc<Fanout<T>>; MAX_BATCH]>;
@@ -243,9 +241,7 @@ impl<T: Send + Sync + 'static> Batch<T> {
                     // it could even read the flag.
                     let mut members: [Member<'_, T>; GROUP] = [None; GROUP];
                     for (member, slot) in members.iter_mut().zip(group) {
-                        *member = slot
-                            .get()
-                            .map(|entry| (&**entry, &entry.sink as &dyn Sink<T>));
+                        *member = fanout::member(slot);
                     }
                     let members = &members[..group.len()];
                     if let [Some((entry, sink))] = *members {

@@ -38,10 +38,10 @@ use smallvec::SmallVec;
 
 use super::{pending, report_panic, Env, Plan, Policy};
 use crate::message::Message;
-use crate::registry::entry::{BoxFuture, HandlerEntry, Settled, Sink, NO_POSITION};
+use crate::registry::entry::{BoxFuture, HandlerEntry, Settled, Sink, Subscriber, NO_POSITION};
 use crate::registry::quiesce;
 use crate::registry::route::{HandlerSets, Positions};
-use crate::registry::subset::HandlerSet;
+use crate::registry::subset::{HandlerSet, Slot};
 use crate::stats::Tally;
 use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
@@ -320,10 +320,10 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             let mut current = p.current;
             for run in set.runs(offset..offset + (stop - current)) {
                 for slot in run {
-                    match slot.get() {
-                        Some(entry) if entry.is_active() => {
+                    match member(slot) {
+                        Some((entry, sink)) if entry.is_active() => {
                             let started = start(
-                                &entry.sink,
+                                sink,
                                 &self.message,
                                 position,
                                 env,
@@ -463,6 +463,17 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         let (set, mut slots) = self.segments(index..index + 1).next()?;
         set.get(slots.next()?)
     }
+}
+
+/// A subscription's slot, dereferenced: its entry (for the flag) and its
+/// sink (`None`: an empty slot).
+pub(super) type Member<'a, T> = Option<(&'a Subscriber<T, dyn Sink<T>>, &'a dyn Sink<T>)>;
+
+/// Dereferences `slot` (see [`Member`]).
+#[inline(always)]
+pub(super) fn member<T>(slot: &Slot<T, dyn Sink<T>>) -> Member<'_, T> {
+    slot.get()
+        .map(|entry| (&**entry, &entry.sink as &dyn Sink<T>))
 }
 
 /// What a delivery did when [`start`]ed: finished (`Ok(None)`), left a
