@@ -121,10 +121,11 @@ impl<T> Reservations<T> {
                     held.walked = kept.walked;
                     f(&kept.set, &mut held);
                 }
-                None => {
+                None if node.had_streams() => {
                     held.walked = 0;
                     node.with_streams(|set| f(set, &mut held));
                 }
+                None => {}
             }
         }
     }
@@ -185,6 +186,9 @@ pub(crate) fn reserve_now<T>(route: &Route<T>) -> Result<Reservations<T>, NoRoom
     let mut reservations = Reservations::none();
     let mut full = None;
     for (number, node) in route.nodes().enumerate() {
+        if !node.had_streams() {
+            continue;
+        }
         let set = node.stream_set();
         let len = set.len();
         let closed = reservations.closed.len();

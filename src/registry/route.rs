@@ -137,10 +137,11 @@ impl<T> Route<T> {
         self.nodes.iter().map(|node| node.live()).sum()
     }
 
-    /// Runs `f` on the current stream set of each of the route's nodes.
+    /// Runs `f` on the current stream set of each of the route's nodes
+    /// that ever had a stream subscription (the others' are empty).
     #[inline]
     pub(crate) fn for_each_stream_set(&self, mut f: impl FnMut(&StreamSet<T>)) {
-        for node in self.nodes.iter() {
+        for node in self.nodes.iter().filter(|node| node.had_streams()) {
             node.with_streams(&mut f);
         }
     }

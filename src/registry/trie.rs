@@ -206,6 +206,9 @@ pub(crate) struct NodeSubs<T> {
     /// The log its sync ordered handlers read (their entries sit in
     /// `handlers`), made by the first one.
     ordered: OnceLock<Arc<OrderedLog<T>>>,
+    /// Set before its first stream subscription is visible, never cleared:
+    /// a publish skips loading the stream set of a node that never had one.
+    had_streams: AtomicBool,
 }
 
 impl<T> NodeSubs<T> {
@@ -215,7 +218,15 @@ impl<T> NodeSubs<T> {
             handlers: ArcCell::new(Arc::new(SubSet::empty())),
             streams: ArcCell::new(Arc::new(SubSet::empty())),
             ordered: OnceLock::new(),
+            had_streams: AtomicBool::new(false),
         }
+    }
+
+    /// Whether a stream subscription was ever added here: if not, its
+    /// stream set is empty and need not be loaded.
+    #[inline]
+    pub(crate) fn had_streams(&self) -> bool {
+        self.had_streams.load(Ordering::SeqCst)
     }
 
     /// The node's ordered log, if an ordered subscription ever made one.
@@ -612,6 +623,10 @@ impl<T: 'static> Trie<T> {
             }
         }
         if let Some(subs) = writer.by_filter.get(filter) {
+            if K::STREAMS {
+                // Before the entry is visible, as the trie's flag above.
+                subs.had_streams.store(true, Ordering::SeqCst);
+            }
             let cell = K::cell(subs);
             let entry = make(Arc::clone(&subs.filter));
             let set = cell.load_full();
@@ -623,6 +638,7 @@ impl<T: 'static> Trie<T> {
             return Ok(());
         }
         let subs = Arc::new(NodeSubs::new(filter));
+        subs.had_streams.store(K::STREAMS, Ordering::SeqCst);
         let entry = make(Arc::clone(&subs.filter));
         K::cell(&subs).store(Arc::new(SubSet::empty().grown(entry)));
         writer
