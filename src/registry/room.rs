@@ -7,9 +7,11 @@
 //!   never takes a slot a waiting one is owed. One compare-and-swap.
 //! - [`Room::give_back`] frees a slot: it goes to the longest-waiting
 //!   publisher if there is one (which is woken holding it), else it is
-//!   counted free. One compare-and-swap when nobody waits, which is the
+//!   counted free. One atomic add when nobody waits, which is the
 //!   reader's common case: a mailbox read as fast as it is written never
-//!   has a waiter.
+//!   has a waiter. When some wait, the add counts the slot free first and
+//!   the waiter lock then moves it to the first waiter: no take that skips
+//!   the lock uses a free slot while anyone waits.
 //! - [`Room::take`] waits in arrival order (first come, first served, so a
 //!   fast publisher cannot starve a slower one). Cancel-safe: dropped while
 //!   waiting it holds nothing; a slot handed to it that it did not collect
@@ -37,7 +39,8 @@ use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering};
 /// `state` bit: closed.
 const CLOSED: usize = 1;
 /// `state` bit: some publisher waits (set and cleared under the waiter
-/// lock; while set, no slot is counted free: freed ones go to waiters).
+/// lock). While set, [`Room::try_take`] takes nothing: a slot counted free
+/// meanwhile is on its way to a waiter.
 const WAITING: usize = 2;
 /// One free slot in `state` (the count sits above the two flags).
 const ONE: usize = 4;
@@ -105,27 +108,55 @@ impl Room {
         }
     }
 
-    /// A slot is free again: to the first waiter, else counted free.
+    /// A slot is free again: counted free in one step, then, if publishers
+    /// were waiting, moved on to the first of them.
     #[inline]
     pub(crate) fn give_back(&self) {
-        let mut state = self.state.load(Ordering::Acquire);
-        while state & WAITING == 0 {
-            match self.state.compare_exchange_weak(
-                state,
-                state + ONE,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return,
-                Err(now) => state = now,
-            }
+        // One read-modify-write, not a load and a compare-and-swap: the
+        // reader's common case, with nobody waiting.
+        if self.state.fetch_add(ONE, Ordering::AcqRel) & WAITING == 0 {
+            return;
         }
         let mut waiters = self.lock();
-        let woken = self.hand_over(&mut waiters);
+        let woken = self.pass_on_freed(&mut waiters);
         drop(waiters);
         if let Some(waker) = woken {
             waker.wake();
         }
+    }
+
+    /// Under the waiter lock, after a give-back counted a slot free while
+    /// publishers waited: takes a free slot back from the count for the
+    /// first waiter (returns its waker). While any waits, `WAITING` is set
+    /// and nobody takes a free slot without the lock, so the slot is still
+    /// counted, unless the waiters all left meanwhile and a publisher took
+    /// it then, which was its to take (a waiter queued since waits for the
+    /// next one).
+    fn pass_on_freed(&self, waiters: &mut Waiters) -> Option<Waker> {
+        if waiters.queue.is_empty() {
+            return None;
+        }
+        let mut now = self.state.load(Ordering::Acquire);
+        loop {
+            if now < ONE {
+                return None;
+            }
+            match self.state.compare_exchange_weak(
+                now,
+                now - ONE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(seen) => now = seen,
+            }
+        }
+        let (ticket, waker) = waiters.queue.pop_front()?;
+        waiters.granted.push(ticket);
+        if waiters.queue.is_empty() {
+            self.state.fetch_and(!WAITING, Ordering::AcqRel);
+        }
+        Some(waker)
     }
 
     /// Under the waiter lock: gives one slot to the first waiter (returns
