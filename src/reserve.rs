@@ -17,8 +17,9 @@
 //!   entries, as many as the pass walked, are the ones it took room in
 //!   (except any it found closed). No entry is cloned (a reference count
 //!   contended with the reader per mailbox and publish), and nothing is
-//!   allocated while room is taken in at most two of the route's sets. Room taken by waiting is held by [`Reservations`]
-//!   with its entries: dropped (the publish failed, or the future was
+//!   allocated while room is taken in at most two of the route's sets.
+//!   Room taken by waiting is held by [`Reservations`] with its entries:
+//!   dropped (the publish failed, or the future was
 //!   dropped while waiting) it gives back whatever the push did not spend,
 //!   at once. Delivery after the last reservation is synchronous, so a
 //!   cancelled `publish_async` has delivered nothing and holds nothing.

@@ -151,6 +151,13 @@ impl Room {
                 Err(seen) => now = seen,
             }
         }
+        self.grant_first(waiters)
+    }
+
+    /// Under the waiter lock: grants a slot (already taken off the count,
+    /// or never on it) to the first waiter and returns its waker, to wake
+    /// once the lock is released; `None` if nobody waits.
+    fn grant_first(&self, waiters: &mut Waiters) -> Option<Waker> {
         let (ticket, waker) = waiters.queue.pop_front()?;
         waiters.granted.push(ticket);
         if waiters.queue.is_empty() {
@@ -162,16 +169,12 @@ impl Room {
     /// Under the waiter lock: gives one slot to the first waiter (returns
     /// its waker, to wake once the lock is released), or counts it free.
     fn hand_over(&self, waiters: &mut Waiters) -> Option<Waker> {
-        let Some((ticket, waker)) = waiters.queue.pop_front() else {
-            // The last waiter left since the caller saw the flag.
+        let woken = self.grant_first(waiters);
+        if woken.is_none() {
+            // Nobody waits any more: the slot is counted free.
             self.state.fetch_add(ONE, Ordering::AcqRel);
-            return None;
-        };
-        waiters.granted.push(ticket);
-        if waiters.queue.is_empty() {
-            self.state.fetch_and(!WAITING, Ordering::AcqRel);
         }
-        Some(waker)
+        woken
     }
 
     /// Waits for a slot; `false` if the room closed instead. See the
