@@ -329,7 +329,7 @@ fn loom_two_workers_deliver_everything_and_stop() {
     // Three threads and the help post: two preemptions take seconds, three
     // about five minutes (`LOOM_MAX_PREEMPTIONS=3` runs that; it is the
     // depth that finds a stop wake-up lost to a worker taking from a full
-    // queue, the bug the hand-back rule in `pool.rs` fixes).
+    // queue, the bug the hand-back rule in `pool/worker.rs` fixes).
     model_bounded(2, || pool_delivers_everything_and_stops(2, 2));
 }
 
@@ -478,7 +478,7 @@ fn slow_handler_strands_no_runner_queued_behind_it(slow: u64) {
 /// The second unit blocks: the other worker, done with its own queue,
 /// must not wait while work is queued for this one, whatever it found
 /// there when it looked (a wake-up ahead of a runner is handed back, not
-/// taken): `pool.rs`, `Shared::stranded_work`.
+/// taken): `pool/shared.rs`, `Shared::stranded_work`.
 #[test]
 fn loom_a_slow_second_unit_strands_no_runner() {
     slow_handler_strands_no_runner_queued_behind_it(1);
@@ -486,7 +486,7 @@ fn loom_a_slow_second_unit_strands_no_runner() {
 
 /// The third unit blocks: it is claimed by a worker that was still waking
 /// up when the other, done with its own queue, passed this one by
-/// (`pool.rs`, `Shared::share_rest`).
+/// (`pool/shared.rs`, `Shared::share_rest`).
 #[test]
 fn loom_a_slow_third_unit_strands_no_runner() {
     slow_handler_strands_no_runner_queued_behind_it(2);

@@ -13,7 +13,7 @@
 //!   receives the publishes in order, whoever runs it. The worker that
 //!   gathered the batch runs it; another worker may join it and claim what
 //!   is left (the
-//!   pool lets one join only a worker that has stalled: see `pool.rs`). A
+//!   pool lets one join only a worker that has stalled: see `pool/`). A
 //!   handler that blocks then holds up only the subscriptions claimed with
 //!   it, as below the threshold: a claim is one subscription at first and
 //!   doubles, up to [`MAX_GRAIN`](super::fanout::MAX_GRAIN), only while

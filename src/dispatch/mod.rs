@@ -9,7 +9,7 @@
 //!   stuck lane.
 //! - `lane.rs` — a lane: the bounded queue of publishes a lane's servers
 //!   take, in batches, one server at a time.
-//! - `pool.rs` — `WorkerPool`: runners are jobs on bounded crossbeam queues,
+//! - `pool/` — `WorkerPool`: runners are jobs on bounded crossbeam queues,
 //!   one per worker thread; a topic's publishes go to its home worker, and
 //!   an idle worker helps a lone publish or takes over from a stalled one.
 //! - `batch.rs` — publishes queued behind one another to the same
@@ -53,7 +53,7 @@
 //!   it, and for a lone publish up to `workers - 1` helper tasks spawned by
 //!   the publisher (see `tasks.rs`);
 //! - `Batch::Chunked` above the threshold: in `WorkerPool`, one, as below
-//!   it, with chunks for units (see `pool.rs`: a topic's publishes run at
+//!   it, with chunks for units (see `pool/`: a topic's publishes run at
 //!   its home worker, so a subscription's deliveries stay on one core,
 //!   publish after publish); in `TaskPerSubscriber`, the same as below the
 //!   threshold, with chunks for units;

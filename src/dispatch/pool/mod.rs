@@ -1,0 +1,399 @@
+//! `DeliveryMode::WorkerPool`: runners are jobs on bounded queues served by
+//! a fixed set of threads, one queue per worker.
+//!
+//! # Where work goes
+//! - A publish goes to its route's *home* worker (`registry/route.rs`: routes
+//!   get homes in turn). So one topic's publishes run one after another on
+//!   one thread, and two busy topics run on two. Handlers that share state
+//!   (one counter for all) then never fight over it between cores, and
+//!   handlers with state of their own keep it in one core's cache; with a
+//!   publish cut into per-worker chunks, the first kind ran 3-4x slower than
+//!   on one core (see `docs/design-notes.md`, "Where a subscription runs").
+//!   The one exception is `Batch::Single` below the threshold: there every
+//!   subscription is a unit of its own (BlazeSub's individual delivery),
+//!   and the units go to the queues in turn.
+//! - A worker that takes a publish also takes the publishes queued right
+//!   behind it on the same queue to the same subscriptions, up to
+//!   [`MAX_BATCH`](super::fanout::MAX_BATCH) in all, and runs them subscription by subscription
+//!   ([`Batch`](super::batch::Batch)): the entries are walked once per batch, and an ordered
+//!   subscription takes its messages of the batch in one turn. Only what is
+//!   already queued is batched, so a lone publish waits for nothing.
+//! - A lone publish (nothing queued behind it) claims its units from the
+//!   job's cursor (a chunk above the threshold, a subscription below it)
+//!   and enlists helpers: it *posts* itself, and every worker looks at the
+//!   post before it waits, so a big or slow publish uses every free worker.
+//! - A worker with nothing of its own joins or takes another worker's work
+//!   only when that worker has started nothing new for [`STALL`] (a slow
+//!   handler, or a long batch). It first joins what that worker runs (a
+//!   batch or a lone publish, shown in the worker's `running` slot: it
+//!   claims the subscriptions not yet claimed, so a handler that blocks
+//!   holds up only the subscriptions claimed with it); then it takes at
+//!   most half of what is queued there, as one batch (work stealing's
+//!   rule: the owner keeps the rest). Until then it watches, waking every
+//!   `STALL`. Taking at once, as an idle worker did before, put two cores
+//!   on one topic's handlers during every burst.
+//! - No work is left queued, or unclaimed in a running batch, behind a
+//!   stalled worker while another waits for ever. A worker that announces
+//!   its wait looks once more for such work of a worker that is not
+//!   waiting, and watches it instead of waiting; a publisher that queues
+//!   for a busy worker, or a worker about to run something with more
+//!   queued behind it or with units another could join, wakes a waiting
+//!   one. The
+//!   two sides store before they load, so one of them always sees the
+//!   other (`loom_tests.rs` checks both with a handler that blocks until
+//!   the others have run).
+//!
+//! A queue holds `queue_capacity / workers` tickets (at least one); a ticket
+//! is one runner of one publish (an `Arc` of its job), so a burst costs no
+//! allocation per queued runner. When a queue is full the overflow policy
+//! applies: `Wait` (the default) has the publisher wait until the queue has
+//! drained to half (only that queue's worker wakes it: each queue has its
+//! own waiters), except on a pool worker, where it runs the job itself
+//! as `CallerRuns` does (the room it would wait for may be its own); `Drop`
+//! and `Error` count the deliveries as dropped.
+//!
+//! Stopping sets a flag and wakes every worker and every waiting publisher
+//! (which then runs its job itself); a worker stops once every queue is
+//! empty, so everything queued before still runs. `close` and dropping the
+//! bus both stop the pool this way.
+
+//!
+//! # Files
+//! - `mod.rs` — the pool's handle: starting the workers, queueing a
+//!   publish's runners, stopping.
+//! - `shared.rs` — what the handle and the workers share: the queues, the
+//!   counts that admit work, the wait flags, the running slots.
+//! - `worker.rs` — a worker's loop: finding its next ticket, batching, and
+//!   running.
+
+mod shared;
+mod worker;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use self::shared::{Shared, Ticket};
+use super::pending::{self, Place};
+use super::{caller_runs, refused, Env, Fanout, Runner};
+use crate::config::Overflow;
+use crate::error::Error;
+use crate::registry::entry::BoxFuture;
+use crate::stats::Tally;
+use crate::sync::{thread, worker_mark, AtomicUsize, Ordering};
+
+/// How long a worker may start nothing new, with work queued behind it,
+/// before an idle worker takes some of that work. Long enough that a burst
+/// of cheap publishes (a batch of 64 takes well under a millisecond) stays
+/// on its home worker; short enough that a handler that blocks holds up
+/// the publishes queued behind it only briefly. Under loom time stands
+/// still, and a worker counts as stalled once it has started nothing
+/// between two looks.
+#[cfg(not(loom))]
+pub(crate) const STALL: Duration = Duration::from_millis(1);
+#[cfg(loom)]
+pub(crate) const STALL: Duration = Duration::ZERO;
+
+pub(crate) struct Pool<T> {
+    shared: Arc<Shared<T>>,
+    /// Turns for the units of `Batch::Single` below the threshold.
+    turn: AtomicUsize,
+}
+
+impl<T: Send + Sync + 'static> Pool<T> {
+    pub(crate) fn start(workers: usize, capacity: usize, env: &Arc<Env>) -> Result<Self, Error> {
+        let per_worker = capacity.div_ceil(workers.max(1)).max(1);
+        let pool = Self {
+            shared: Arc::new(Shared::new(workers, per_worker)),
+            turn: AtomicUsize::new(0),
+        };
+        for index in 0..workers {
+            let shared = Arc::clone(&pool.shared);
+            let env = Arc::clone(env);
+            thread::Builder::new()
+                .name(format!("blazesub-worker-{index}"))
+                .spawn(move || worker::work(index, &shared, &env))
+                // Dropping `pool` stops the workers already started.
+                .map_err(Error::Spawn)?;
+        }
+        Ok(pool)
+    }
+
+    /// Queues the job's runners; see the module docs for a full queue.
+    pub(crate) fn dispatch(&self, job: Arc<Fanout<T>>, env: &Arc<Env>) -> usize {
+        let plan = job.plan();
+        let workers = self.shared.queues.len();
+        // `Batch::Single` below the threshold: a unit per subscription,
+        // spread over the workers. Everything else runs at the route's home.
+        let spread = plan.single_claim && plan.runners > 1;
+        let wait = env.overflow == Overflow::Wait && !worker_mark::is_set();
+        let mut started = false;
+        let mut dropped = 0;
+        for _ in 0..plan.runners {
+            let worker = if spread {
+                self.turn.fetch_add(1, Ordering::Relaxed) % workers
+            } else {
+                job.home() % workers
+            };
+            let ticket = Ticket::Run(Arc::clone(&job));
+            let queued = if wait {
+                self.shared.push_waiting(worker, ticket)
+            } else {
+                self.shared.push(worker, ticket)
+            };
+            match queued {
+                Ok(()) => started = true,
+                Err(_) => match env.overflow {
+                    Overflow::Wait | Overflow::CallerRuns => {
+                        let mut runner = self.publisher_runner(&job, env);
+                        caller_runs(&job, &mut runner, env);
+                    }
+                    Overflow::Drop | Overflow::Error => dropped += refused(&job, started, env),
+                },
+            }
+        }
+        dropped
+    }
+
+    fn publisher_runner<'a>(
+        &'a self,
+        job: &'a Arc<Fanout<T>>,
+        env: &'a Arc<Env>,
+    ) -> PoolRunner<'a, T> {
+        PoolRunner {
+            shared: &self.shared,
+            job,
+            env,
+            place: Place::Publisher,
+        }
+    }
+}
+
+impl<T> Pool<T> {
+    /// Publishers wait for room no more: from now on, one that meets a full
+    /// queue runs its job itself, and those waiting do so now. Called when
+    /// the bus starts closing: a handler blocked in `close` may be the one
+    /// they wait for, and `close` waits for them. Idempotent.
+    pub(crate) fn stop_waiting(&self) {
+        if self.shared.no_waiting.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for room in &self.shared.room {
+            let _lock = room.lock();
+            room.freed.notify_all();
+        }
+    }
+
+    /// Lets the workers finish what is queued, then stop. Idempotent.
+    pub(crate) fn shut_down(&self) {
+        self.stop_waiting();
+        if self.shared.stopping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for worker in 0..self.shared.queues.len() {
+            // A full queue's worker is not waiting: it sees the flag once
+            // every queue is empty.
+            self.shared.wake(worker);
+        }
+    }
+}
+
+impl<T> Drop for Pool<T> {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
+/// A runner on a worker thread, or on a publisher the queue had no room for.
+struct PoolRunner<'a, T> {
+    shared: &'a Shared<T>,
+    job: &'a Arc<Fanout<T>>,
+    env: &'a Arc<Env>,
+    place: Place,
+}
+
+impl<T: Send + Sync + 'static> Runner<T> for PoolRunner<'_, T> {
+    fn has_idle_capacity(&self) -> bool {
+        self.shared
+            .free
+            .iter()
+            .any(|free| free.load(Ordering::Relaxed))
+    }
+
+    fn offer_helper(&mut self, _job: &Fanout<T>) -> bool {
+        // Posted, not queued: the next worker about to wait takes it, so a
+        // worker that turns free later still helps.
+        let replaced = self.shared.want_help(self.job);
+        drop(replaced);
+        true
+    }
+
+    fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) {
+        pending::settle(delivery, self.env, self.place, tally);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::worker::{gather_batch, look_for_ticket, take_elsewhere, Elsewhere};
+    use super::*;
+    use crate::config::{Config, DeliveryMode};
+    use crate::dispatch::Policy;
+    use crate::message::Message;
+    use crate::registry::entry::{HandlerEntry, Subscriber, SyncSink};
+    use crate::registry::route::RouteCache;
+    use crate::registry::trie::{Handlers, Trie};
+
+    /// Publishes to `handlers` no-op handlers on one topic, cut into chunks.
+    fn chunked_jobs(handlers: u64, publishes: u32) -> Vec<Arc<Fanout<u32>>> {
+        let jobs = jobs_on("t", handlers, publishes, 10);
+        assert!(
+            jobs.iter().all(|job| job.plan().unit > 1),
+            "cut into chunks"
+        );
+        jobs
+    }
+
+    /// Publishes to `handlers` no-op handlers on `topic` under `threshold`.
+    fn jobs_on(
+        topic: &str,
+        handlers: u64,
+        publishes: u32,
+        threshold: usize,
+    ) -> Vec<Arc<Fanout<u32>>> {
+        let config = Config {
+            delivery: DeliveryMode::WorkerPool,
+            workers: 2,
+            max_concurrent_subscriptions: threshold,
+            ..Config::default()
+        };
+        let trie = Trie::<u32>::new();
+        for id in 0..handlers {
+            let entry: HandlerEntry<u32> =
+                Arc::new(Subscriber::new(id, SyncSink(|_: &Message<u32>| {})));
+            assert!(trie.insert::<Handlers>(topic, |_| entry).is_ok());
+        }
+        let cache = RouteCache::<u32>::new(2);
+        (0..publishes)
+            .map(|n| {
+                let sets = cache.route(&trie, topic).handler_sets();
+                let job = Fanout::new(
+                    Arc::new(Message::new(topic, n)),
+                    sets,
+                    Default::default(),
+                    &Policy::new(&config),
+                )
+                .unwrap();
+                Arc::new(job)
+            })
+            .collect()
+    }
+
+    /// Below the threshold, publishes queued behind one another to the same
+    /// subscriptions run as one batch, as chunks do above it: one runner
+    /// each, claiming subscription by subscription, walked the entries once
+    /// per publish, and the bench's service setting saw the threshold's two
+    /// sides 1.3-1.4x apart.
+    #[test]
+    fn a_worker_takes_whole_jobs_below_the_threshold_as_one_batch() {
+        let shared = Shared::<u32>::new(2, 16);
+        let same = jobs_on("t", 100, 4, 1_000);
+        assert!(same.iter().all(|job| job.has_one_claiming_runner()));
+        let other = jobs_on("u", 100, 1, 1_000);
+        for job in same.iter().chain(&other) {
+            assert!(shared.push(0, Ticket::Run(Arc::clone(job))).is_ok());
+        }
+        let Some((Ticket::Run(job), from)) = look_for_ticket(0, &shared, &mut vec![None; 2]) else {
+            panic!("worker 0 takes its own job");
+        };
+        let mut stash = None;
+        let jobs = gather_batch(0, from, &shared, job, &mut stash);
+        assert_eq!(
+            jobs.len(),
+            4,
+            "the job and the three publishes behind it to the same route"
+        );
+        assert!(jobs.iter().zip(&same).all(|(a, b)| Arc::ptr_eq(a, b)));
+        assert!(
+            matches!(&stash, Some(Ticket::Run(job)) if Arc::ptr_eq(job, &other[0])),
+            "another route's job is left to run next"
+        );
+        assert!(shared.queues[0].is_empty());
+        assert_eq!(
+            shared.held[0].load(Ordering::SeqCst),
+            3,
+            "the batch keeps its room in the queue until it has run"
+        );
+        shared.release(0, jobs.len() - 1);
+        assert_eq!(shared.held[0].load(Ordering::SeqCst), 0);
+    }
+
+    /// A worker with nothing of its own leaves a busy worker's queue alone
+    /// while that worker keeps starting work: two workers on one topic's
+    /// burst put its handlers on two cores, and handlers that share state
+    /// ran 3-4x slower there than on one.
+    #[test]
+    fn an_idle_worker_takes_nothing_from_a_worker_that_keeps_starting_work() {
+        let shared = Shared::<u32>::new(2, 16);
+        for job in chunked_jobs(100, 7) {
+            assert!(shared.push(1, Ticket::Run(job)).is_ok());
+        }
+        let mut watch = vec![None; 2];
+        for _ in 0..3 {
+            assert!(matches!(
+                take_elsewhere(0, &shared, &mut watch),
+                Elsewhere::Watching
+            ));
+            std::thread::sleep(STALL * 2);
+            // Worker 1 started another ticket meanwhile.
+            shared.started[1].fetch_add(1, Ordering::SeqCst);
+        }
+        assert_eq!(shared.queued_work(1), 7, "nothing taken");
+    }
+
+    /// A worker with nothing of its own takes a batch from a stalled one
+    /// (it started nothing for `STALL`), as the owner would: at most half
+    /// of what is left, so the owner keeps the rest. One ticket at a time,
+    /// it walked the owner's subscriptions a publish at a time beside it
+    /// (an ordered subscription then took a runner's turn per message).
+    #[test]
+    fn an_idle_worker_takes_half_of_a_stalled_workers_queue_as_one_batch() {
+        let shared = Shared::<u32>::new(2, 16);
+        for job in chunked_jobs(100, 7) {
+            assert!(shared.push(1, Ticket::Run(job)).is_ok());
+        }
+        let Some((Ticket::Run(job), from)) = look_for_ticket(0, &shared, &mut vec![None; 2]) else {
+            panic!("worker 0 takes worker 1's job once worker 1 stalls");
+        };
+        assert_eq!(from, 1);
+        let mut stash = None;
+        let jobs = gather_batch(0, from, &shared, job, &mut stash);
+        assert_eq!(jobs.len(), 4, "the job and half of the 6 left");
+        assert!(stash.is_none());
+        assert_eq!(shared.queues[1].len(), 3, "the owner keeps the rest");
+        // The owner gathers what is left of its own queue.
+        let Some((Ticket::Run(job), from)) = look_for_ticket(1, &shared, &mut vec![None; 2]) else {
+            panic!("worker 1 takes its own job");
+        };
+        assert_eq!(from, 1);
+        let jobs = gather_batch(1, from, &shared, job, &mut stash);
+        assert_eq!(jobs.len(), 3);
+        assert!(shared.queues[1].is_empty());
+    }
+
+    #[test]
+    fn a_stale_wake_up_takes_no_place_of_work() {
+        let shared = Shared::<u32>::new(2, 1);
+        // Worker 0 was woken, then found work another way and runs it: its
+        // wake-up stays queued meanwhile.
+        shared.wake(0);
+        assert!(
+            shared.has_room(0),
+            "a one-ticket queue holding only a wake-up has room"
+        );
+        assert_eq!(shared.queues[0].len(), 1);
+        let ticket = shared.tickets[0].try_recv().unwrap();
+        shared.took(0, &ticket);
+        assert_eq!(shared.wakes[0].load(Ordering::SeqCst), 0);
+        assert!(shared.has_room(0));
+    }
+}
