@@ -197,6 +197,43 @@ fn loom_lookup_after_a_remove_never_sees_it() {
     });
 }
 
+/// A reader walking a subscriber set while its writer appends
+/// (`registry/write_once.rs`): the reader sees a prefix of the entries,
+/// each whole, and a walk over more slots than the length it loaded stops
+/// at the length. Loom's cell reports any read of a slot that is not
+/// ordered after its fill (with the length stored `Relaxed`, this fails).
+#[test]
+fn loom_a_reader_walking_a_set_sees_only_published_slots() {
+    use crate::registry::subset::SubSet;
+
+    model(|| {
+        // Room for four: one entry now, two appended during the walk.
+        let set = Arc::new(SubSet::empty().grown(handler(1)));
+        let reader = {
+            let set = Arc::clone(&set);
+            thread::spawn(move || {
+                let len = set.len();
+                let ids: Vec<u64> = set.entries(len).map(|entry| entry.id()).collect();
+                assert_eq!(ids, (1..=len as u64).collect::<Vec<_>>());
+                let walked = set
+                    .runs(0..4)
+                    .flatten()
+                    .filter(|slot| slot.get().is_some())
+                    .count();
+                assert!((len..=3).contains(&walked), "{walked} of {len}");
+            })
+        };
+        for id in 2..=3 {
+            // SAFETY: this thread is the set's only writer.
+            #[allow(unsafe_code)]
+            let pushed = unsafe { set.try_push(handler(id)) };
+            assert!(pushed.is_ok());
+        }
+        reader.join().unwrap();
+        assert_eq!(set.entries(set.len()).count(), 3);
+    });
+}
+
 #[test]
 fn loom_mailbox_push_overflow_and_close() {
     model(|| {

@@ -25,6 +25,35 @@ pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, O
 #[cfg(loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 
+/// A cell whose accesses the caller orders itself
+/// (`registry/write_once.rs`): std's `UnsafeCell` in normal builds, loom's
+/// under loom, which checks every access against the others it could
+/// race with. Both are used through `with` and `with_mut`.
+#[cfg(not(loom))]
+pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+impl<T> UnsafeCell<T> {
+    pub(crate) fn new(value: T) -> Self {
+        Self(std::cell::UnsafeCell::new(value))
+    }
+
+    /// Calls `f` with a pointer for reading.
+    #[inline(always)]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+
+    /// Calls `f` with a pointer for writing.
+    #[inline(always)]
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
+#[cfg(loom)]
+pub(crate) use loom::cell::UnsafeCell;
+
 /// The clock the core reads (claim grains, close timeouts). Under loom it
 /// stands still, so that decisions taken on elapsed time are the same in
 /// every execution loom explores (loom requires a deterministic model).

@@ -6,6 +6,8 @@
 //!   run, shared by them.
 //! - `subset.rs` — the subscriptions of one trie node, appendable in place.
 //! - `trie.rs` — the subscription trie: snapshot shape, one writer lock.
+//! - `write_once.rs` — a set's slot: filled once by the writer, then read
+//!   without a lock by readers the set's length tells of it.
 //! - `route.rs` — the route cache: topic → the trie nodes it reaches.
 //! - `quiesce.rs` — grace periods: when no runner can still be delivering
 //!   to a removed subscription.
@@ -43,6 +45,7 @@ pub(crate) mod room;
 pub(crate) mod route;
 pub(crate) mod subset;
 pub(crate) mod trie;
+pub(crate) mod write_once;
 
 use entry::EntryControl;
 

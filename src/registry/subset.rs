@@ -4,6 +4,9 @@
 //! The contract:
 //! - **Readers** take a length with [`SubSet::len`] and may then read every
 //!   slot below it, lock-free; entries are never moved or overwritten.
+//!   [`SubSet::runs`] and [`SubSet::get`] cut what they return at a length
+//!   they load themselves, so no reader views a slot being filled: that is
+//!   what lets a slot be a plain write-once cell (`write_once.rs`).
 //! - **The writer** (whoever holds the trie's writer lock; there is only ever
 //!   one) appends into spare capacity by filling the next slot and *then*
 //!   publishing the new length with `Release`. A reader that loads the length
@@ -24,19 +27,21 @@
 //!   removal costs O(1) copies on average.
 
 use std::ops::Range;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use smallvec::{smallvec, SmallVec};
 
 use super::entry::{Sink, Subscriber};
 use super::mailbox::Mailbox;
+use super::write_once::{Filled, WriteOnce};
 use crate::sync::{AtomicUsize, Ordering};
 
-/// One slot: written once by the writer, then only read.
-pub(crate) type Slot<T, S> = OnceLock<Arc<Subscriber<T, S>>>;
+/// A slot as readers see it: below a length they loaded, so filled (see
+/// `write_once.rs`).
+pub(crate) type Slot<T, S> = Filled<Arc<Subscriber<T, S>>>;
 
 /// A run of slots allocated together; shared by the sets that grew from it.
-type Segment<T, S> = Arc<[Slot<T, S>]>;
+type Segment<T, S> = Arc<[WriteOnce<Arc<Subscriber<T, S>>>]>;
 
 /// A node's handler subscriptions.
 pub(crate) type HandlerSet<T> = SubSet<T, dyn Sink<T>>;
@@ -111,16 +116,22 @@ impl<T, S: ?Sized> SubSet<T, S> {
         Some((segment, index - self.starts[segment]))
     }
 
-    /// The entry at `index`, if `index` is below a length this thread loaded.
+    /// The entry at `index`, if it is below the set's length (loaded here).
     pub(crate) fn get(&self, index: usize) -> Option<&Arc<Subscriber<T, S>>> {
         let (segment, offset) = self.locate(index)?;
-        self.segments[segment][offset].get()
+        let published = self.len().saturating_sub(self.starts[segment]);
+        view(&self.segments[segment], offset..offset + 1, published)
+            .first()?
+            .get()
     }
 
-    /// The slots of `range` (which must lie below a length this thread
-    /// loaded), as the contiguous runs of the segments they sit in.
+    /// The slots of `range`, as the contiguous runs of the segments they
+    /// sit in. Cut at the set's length, loaded here: a caller passes a
+    /// range below a length it loaded before, and the length only grows.
     #[inline]
     pub(crate) fn runs(&self, range: Range<usize>) -> impl Iterator<Item = &[Slot<T, S>]> {
+        let len = self.len();
+        let end = range.end.min(len);
         let first = self
             .locate(range.start)
             .map_or(self.segments.len(), |(s, _)| s);
@@ -129,8 +140,8 @@ impl<T, S: ?Sized> SubSet<T, S> {
             .zip(&self.starts[first..])
             .map_while(move |(segment, &start)| {
                 let from = range.start.max(start) - start;
-                let to = range.end.min(start + segment.len()).saturating_sub(start);
-                (from < to).then(|| &segment[from..to])
+                let to = end.min(start + segment.len()).saturating_sub(start);
+                (from < to).then(|| view(segment, from..to, len - start))
             })
     }
 
@@ -138,12 +149,18 @@ impl<T, S: ?Sized> SubSet<T, S> {
     pub(crate) fn entries(&self, len: usize) -> impl Iterator<Item = &Arc<Subscriber<T, S>>> {
         self.runs(0..len.min(self.capacity))
             .flatten()
-            .filter_map(OnceLock::get)
+            .filter_map(Filled::get)
     }
 
-    /// Writer only: appends into spare capacity, or hands the entry back if the
-    /// set is full.
-    pub(crate) fn try_push(
+    /// Appends into spare capacity, or hands the entry back if the set is
+    /// full.
+    ///
+    /// # Safety
+    /// The caller is the set's only writer: no other thread calls this on
+    /// the same set meanwhile (the trie's writer lock, or a set not yet
+    /// shared).
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn try_push(
         &self,
         entry: Arc<Subscriber<T, S>>,
     ) -> Result<(), Arc<Subscriber<T, S>>> {
@@ -151,7 +168,11 @@ impl<T, S: ?Sized> SubSet<T, S> {
         let Some((segment, offset)) = self.locate(len) else {
             return Err(entry);
         };
-        self.segments[segment][offset].set(entry)?;
+        // SAFETY: the only writer (this function's contract) fills the slot
+        // at the length, which no reader views before the store below
+        // publishes it (readers view only slots below a length they loaded
+        // with `Acquire`: `view`).
+        unsafe { self.segments[segment][offset].fill(entry) }?;
         self.live.fetch_add(1, Ordering::Relaxed);
         self.len.store(len + 1, Ordering::Release);
         Ok(())
@@ -169,12 +190,14 @@ impl<T, S: ?Sized> SubSet<T, S> {
 
     /// Writer only: a replacement for this full set with `entry` added and
     /// twice the room, sharing every segment of this one.
+    #[allow(unsafe_code)]
     pub(crate) fn grown(&self, entry: Arc<Subscriber<T, S>>) -> Self {
         let added = new_segment(self.capacity.max(MIN_CAPACITY));
         let segments: Segments<T, S> = self.segments.iter().cloned().chain([added]).collect();
         let len = self.len.load(Ordering::Relaxed);
         let grown = Self::from_parts(segments, len, self.live());
-        if grown.try_push(entry).is_err() {
+        // SAFETY: `grown` is this thread's alone until it returns it.
+        if unsafe { grown.try_push(entry) }.is_err() {
             unreachable!("a grown set has room");
         }
         grown
@@ -196,9 +219,9 @@ impl<T, S: ?Sized> SubSet<T, S> {
             .map(|_| match live.next() {
                 Some(entry) => {
                     filled += 1;
-                    OnceLock::from(Arc::clone(entry))
+                    WriteOnce::filled(Arc::clone(entry))
                 }
-                None => OnceLock::new(),
+                None => WriteOnce::empty(),
             })
             .collect();
         debug_assert!(
@@ -209,8 +232,28 @@ impl<T, S: ?Sized> SubSet<T, S> {
     }
 }
 
+/// `segment[range]` viewed as filled, cut at `published`: the set's
+/// length, loaded with `Acquire`, less the segment's start.
+#[allow(unsafe_code)]
+#[inline(always)]
+fn view<T, S: ?Sized>(
+    segment: &Segment<T, S>,
+    range: Range<usize>,
+    published: usize,
+) -> &[Slot<T, S>] {
+    let range = range.start.min(published)..range.end.min(published);
+    // SAFETY: the slots lie below a length of this set loaded with
+    // `Acquire` (`SubSet::len`), which the writer stored with `Release`
+    // after filling each of them (`SubSet::try_push`, or before the set was
+    // shared: `grown`, `compacted`); and the writer fills only at the
+    // length, above them, so none is filled while the view lives. Segments
+    // a set shares with the set it grew from were full there, so that
+    // set's writer fills nothing more in them either.
+    unsafe { Filled::view(&segment[range]) }
+}
+
 fn new_segment<T, S: ?Sized>(capacity: usize) -> Segment<T, S> {
-    std::iter::repeat_with(OnceLock::new)
+    std::iter::repeat_with(WriteOnce::empty)
         .take(capacity)
         .collect()
 }
@@ -225,6 +268,16 @@ mod tests {
         Arc::new(Subscriber::new(id, id))
     }
 
+    /// `try_push` from the test's one thread.
+    #[allow(unsafe_code)]
+    fn push(
+        set: &SubSet<(), u64>,
+        entry: Arc<Subscriber<(), u64>>,
+    ) -> Result<(), Arc<Subscriber<(), u64>>> {
+        // SAFETY: the set is this thread's alone.
+        unsafe { set.try_push(entry) }
+    }
+
     fn ids(set: &SubSet<(), u64>) -> Vec<u64> {
         set.entries(set.len()).map(|e| e.id()).collect()
     }
@@ -232,13 +285,13 @@ mod tests {
     #[test]
     fn appends_until_full_then_grows_by_a_segment() {
         let set: SubSet<(), u64> = SubSet::empty();
-        assert!(set.try_push(entry(0)).is_err());
+        assert!(push(&set, entry(0)).is_err());
         let set = set.grown(entry(0));
         assert_eq!((set.len(), set.capacity()), (1, MIN_CAPACITY));
         for id in 1..4 {
-            assert!(set.try_push(entry(id)).is_ok());
+            assert!(push(&set, entry(id)).is_ok());
         }
-        assert!(set.try_push(entry(4)).is_err());
+        assert!(push(&set, entry(4)).is_err());
         let grown = set.grown(entry(4));
         assert_eq!((grown.len(), grown.capacity()), (5, 8));
         assert_eq!(ids(&grown), [0, 1, 2, 3, 4]);
@@ -251,7 +304,7 @@ mod tests {
     fn runs_cover_ranges_across_segments() {
         let mut set: SubSet<(), u64> = SubSet::empty().grown(entry(0));
         for id in 1..20 {
-            if let Err(e) = set.try_push(entry(id)) {
+            if let Err(e) = push(&set, entry(id)) {
                 set = set.grown(e);
             }
         }
@@ -260,7 +313,7 @@ mod tests {
         let ids: Vec<u64> = set
             .runs(2..19)
             .flatten()
-            .filter_map(OnceLock::get)
+            .filter_map(Filled::get)
             .map(|e| e.id())
             .collect();
         assert_eq!(ids, (2..19).collect::<Vec<_>>());
@@ -271,7 +324,7 @@ mod tests {
     #[test]
     fn compacting_drops_dead_entries() {
         let set = SubSet::empty().grown(entry(0));
-        assert!(set.try_push(entry(1)).is_ok());
+        assert!(push(&set, entry(1)).is_ok());
         set.get(0).unwrap().deactivate();
         set.count_removed();
         assert_eq!((set.live(), set.dead()), (1, 1));

@@ -630,7 +630,12 @@ impl<T: 'static> Trie<T> {
             let cell = K::cell(subs);
             let entry = make(Arc::clone(&subs.filter));
             let set = cell.load_full();
-            if let Err(entry) = set.try_push(entry) {
+            // SAFETY: `writer` is the trie's writer lock, held: every set
+            // of this trie is written only under it, so this thread is the
+            // set's only writer.
+            #[allow(unsafe_code)]
+            let pushed = unsafe { set.try_push(entry) };
+            if let Err(entry) = pushed {
                 // Routes hold the node, not the set: no generation bump.
                 K::release(released, cell.swap(Arc::new(set.grown(entry))));
             }
