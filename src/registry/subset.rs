@@ -321,6 +321,34 @@ mod tests {
         assert!(set.get(32).is_none());
     }
 
+    /// Readers walking while the writer appends see a prefix of the
+    /// entries, each whole (Miri checks the accesses for races:
+    /// `cargo +nightly miri test --lib registry::subset`; loom checks the
+    /// same protocol in `loom_tests.rs`).
+    #[test]
+    fn readers_racing_appends_see_a_prefix() {
+        let set = Arc::new(SubSet::empty().grown(entry(0)));
+        let reader = {
+            let set = Arc::clone(&set);
+            std::thread::spawn(move || {
+                let mut seen = 0;
+                while seen < 4 {
+                    let got = ids(&set);
+                    assert_eq!(got, (0..got.len() as u64).collect::<Vec<_>>());
+                    let walked = set.runs(0..8).flatten().filter(|s| s.get().is_some());
+                    assert!(walked.count() >= got.len());
+                    seen = got.len();
+                    std::thread::yield_now();
+                }
+            })
+        };
+        for id in 1..4 {
+            assert!(push(&set, entry(id)).is_ok());
+            std::thread::yield_now();
+        }
+        reader.join().unwrap();
+    }
+
     #[test]
     fn compacting_drops_dead_entries() {
         let set = SubSet::empty().grown(entry(0));
