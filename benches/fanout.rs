@@ -40,7 +40,7 @@ use common::{
     alloc_snapshot, bench_mode, counting_subscribers, runtime, time_bursts, wait_for,
     CountingAllocator, Payload, Setup, BURST,
 };
-use common::{placement, service};
+use common::{cores, placement, service};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -310,7 +310,10 @@ fn service_shared_counter() -> Vec<ServiceRow> {
 
 /// Shape 2: 500 handlers per topic, each on a counter of its own; one or
 /// two publisher tasks (one topic each); million deliveries per second.
-fn service_own_counters() -> Vec<ServiceRow> {
+/// Also returns the cache-line round trip between the CPUs measured before
+/// each round of repetitions (see `common/cores.rs`): two publishers
+/// scale with it.
+fn service_own_counters() -> (Vec<ServiceRow>, Vec<f64>) {
     const PER_TOPIC: usize = 500;
     let (repetitions, publishes) = service_sizes();
     let rt = runtime();
@@ -333,7 +336,11 @@ fn service_own_counters() -> Vec<ServiceRow> {
     for (_, bus, workloads, _) in &mut setups {
         service::burst(&rt, bus, workloads, publishes);
     }
+    let mut round_trips = Vec::new();
     for _ in 0..repetitions {
+        let round_trip = cores::line_round_trip_ns();
+        println!("cpus: cache-line round trip {round_trip:.0} ns");
+        round_trips.push(round_trip);
         for (name, bus, workloads, samples) in &mut setups {
             let deliveries = publishes as f64 * (PER_TOPIC * workloads.len()) as f64;
             let placement = pool_placement(name);
@@ -357,7 +364,7 @@ fn service_own_counters() -> Vec<ServiceRow> {
             }
         }
     }
-    setups
+    let rows = setups
         .into_iter()
         .map(|(name, _, _, samples)| {
             let (median, slowest, fastest) = service::spread(&samples);
@@ -373,7 +380,8 @@ fn service_own_counters() -> Vec<ServiceRow> {
                 slowest,
             }
         })
-        .collect()
+        .collect();
+    (rows, round_trips)
 }
 
 fn write_report(
@@ -381,6 +389,7 @@ fn write_report(
     interleaved: &[(&'static str, Interleaved)],
     shared: &[ServiceRow],
     own: &[ServiceRow],
+    round_trips: &[f64],
 ) {
     let results = criterion_results("fanout_1000");
     let Some(raw) = results.get("raw_loop") else {
@@ -518,10 +527,16 @@ fn write_report(
             "fastest ÷ slowest",
         ],
     );
-    service_rates.note = "One publisher task per topic on a 2-worker tokio runtime; bursts of \
-                          10,000 publishes per publisher, timed until every handler ran; 5 \
-                          repetitions alternating between setups."
-        .into();
+    let round_trips: Vec<String> = round_trips.iter().map(|ns| format!("{ns:.0}")).collect();
+    service_rates.note = format!(
+        "One publisher task per topic on a 2-worker tokio runtime; bursts of 10,000 publishes \
+         per publisher, timed until every handler ran; 5 repetitions alternating between \
+         setups. A cache-line round trip between the two CPUs, measured before each round of \
+         repetitions: {} ns (about 32 ns: the host runs both virtual CPUs on one core's two \
+         hyperthreads, where two publishers get about 1.4× one publisher's work done; about \
+         66 ns: on two cores, 2×; `benches/common/cores.rs`).",
+        round_trips.join(", ")
+    );
     for row in own {
         service_rates.row(vec![
             format!("`{}`", row.setup),
@@ -552,11 +567,11 @@ fn main() {
     }
     let allocations = allocations_per_publish();
     let shared = service_shared_counter();
-    let own = service_own_counters();
+    let (own, round_trips) = service_own_counters();
     benches();
     Criterion::default().configure_from_args().final_summary();
     if bench_mode() {
         let interleaved = interleaved_ratios();
-        write_report(&allocations, &interleaved, &shared, &own);
+        write_report(&allocations, &interleaved, &shared, &own, &round_trips);
     }
 }

@@ -7,6 +7,7 @@
 
 #![allow(dead_code)] // each bench target uses a different part of this module
 
+pub mod cores;
 pub mod placement;
 pub mod report;
 pub mod rss;
