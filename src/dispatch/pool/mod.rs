@@ -56,7 +56,6 @@
 //! (which then runs its job itself); a worker stops once every queue is
 //! empty, so everything queued before still runs. `close` and dropping the
 //! bus both stop the pool this way.
-
 //!
 //! # Files
 //! - `mod.rs` — the pool's handle: starting the workers, queueing a

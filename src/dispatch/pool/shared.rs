@@ -27,6 +27,7 @@ use crate::sync::channel::{self, Receiver, Sender, TrySendError};
 use crate::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 use crossbeam_utils::CachePadded;
 
+/// What a worker takes from a queue, or is handed: work, or a wake-up.
 pub(crate) enum Ticket<T> {
     /// A runner of a job, queued by the publisher, so no runner has seen
     /// the job yet.
