@@ -14,14 +14,18 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 cargo bench --bench fanout --no-run >/dev/null 2>&1
 for i in $(seq 1 "$runs"); do
+  # The CPUs' cache-line round trips (`benches/common/cores.rs`) are shown,
+  # not summed: about 32 ns means the host runs both CPUs on one core.
   FANOUT_SERVICE_ONLY=1 cargo bench --bench fanout -- --bench 2>/dev/null |
-    grep '^service' | sed "s/^/process $i: /" | tee -a "$out"
+    grep -E '^(service|cpus)' | sed "s/^/process $i: /" |
+    awk '/: cpus: / { trips = trips " " $(NF - 1); next } { print } END { if (trips != "") print "cpus: cache-line round trips (ns):" trips }' |
+    sed "s/^cpus/process $i: cpus/" | tee -a "$out"
 done
 echo
 echo "figure | median over $runs processes | lowest | highest | farthest / median | processes with a repetition over 1.3x its fastest"
 # Each line: "process I: service, <shape> <setup...>: median <X> <unit>,
 # repetitions <lo>–<hi> (...)"
-sed -E 's/^process [0-9]+: service, (shared counter|own counters) +(.*): median ([0-9.]+) ([^,]+), repetitions ([0-9.]+)–([0-9.]+).*/\1 \2|\3|\4|\5|\6/' "$out" |
+grep -v ': cpus: ' "$out" | sed -E 's/^process [0-9]+: service, (shared counter|own counters) +(.*): median ([0-9.]+) ([^,]+), repetitions ([0-9.]+)–([0-9.]+).*/\1 \2|\3|\4|\5|\6/' |
   sort -t'|' -k1,1 -s |
   awk -F'|' '
     function report() {
