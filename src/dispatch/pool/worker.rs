@@ -81,12 +81,7 @@ pub(super) fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>,
 
 /// Runs `run` on worker `me` with `shown` (work another worker may join)
 /// in its slot meanwhile, after waking a waiting worker to watch it.
-pub(super) fn run_shown<T>(
-    me: usize,
-    shared: &Shared<T>,
-    shown: Option<Joinable<T>>,
-    run: impl FnOnce(),
-) {
+fn run_shown<T>(me: usize, shared: &Shared<T>, shown: Option<Joinable<T>>, run: impl FnOnce()) {
     let joinable = shown.is_some();
     if joinable {
         drop(shared.show_running(me, shown));
@@ -99,11 +94,7 @@ pub(super) fn run_shown<T>(
 }
 
 /// Runs (or helps) `job` on a worker: it claims, and enlists helpers.
-pub(super) fn run_job<T: Send + Sync + 'static>(
-    job: &Arc<Fanout<T>>,
-    shared: &Shared<T>,
-    env: &Arc<Env>,
-) {
+fn run_job<T: Send + Sync + 'static>(job: &Arc<Fanout<T>>, shared: &Shared<T>, env: &Arc<Env>) {
     let mut runner = PoolRunner {
         shared,
         job,
@@ -116,11 +107,7 @@ pub(super) fn run_job<T: Send + Sync + 'static>(
 }
 
 /// Runs (or joins) `batch` on a worker.
-pub(super) fn run_batch<T: Send + Sync + 'static>(
-    batch: &Batch<T>,
-    shared: &Shared<T>,
-    env: &Arc<Env>,
-) {
+fn run_batch<T: Send + Sync + 'static>(batch: &Batch<T>, shared: &Shared<T>, env: &Arc<Env>) {
     let Some(first) = batch.first() else {
         return;
     };
@@ -138,7 +125,7 @@ pub(super) fn run_batch<T: Send + Sync + 'static>(
 
 /// A batch of `jobs`, in `spare`'s allocation unless a worker that joined
 /// it still holds it.
-pub(super) fn batch_of<T: Send + Sync + 'static>(
+fn batch_of<T: Send + Sync + 'static>(
     spare: &mut Option<Arc<Batch<T>>>,
     jobs: Jobs<T>,
 ) -> Arc<Batch<T>> {
@@ -153,7 +140,7 @@ pub(super) fn batch_of<T: Send + Sync + 'static>(
 
 /// `batch` with its jobs dropped (their messages with them), unless a
 /// worker that joined it still holds it: the last one to let go drops them.
-pub(super) fn emptied<T: Send + Sync + 'static>(mut batch: Arc<Batch<T>>) -> Arc<Batch<T>> {
+fn emptied<T: Send + Sync + 'static>(mut batch: Arc<Batch<T>>) -> Arc<Batch<T>> {
     if let Some(own) = Arc::get_mut(&mut batch) {
         own.clear();
     }
@@ -231,7 +218,7 @@ pub(super) fn gather_batch<T: Send + Sync + 'static>(
 /// The next ticket for worker `me`: its own queue first, then a stalled
 /// worker's; waits on its own when there is nothing to take. `None` once
 /// stopping and all empty.
-pub(super) fn next_ticket<T: Send + Sync + 'static>(
+fn next_ticket<T: Send + Sync + 'static>(
     me: usize,
     shared: &Shared<T>,
     watch: &mut Watch,
@@ -308,10 +295,7 @@ pub(super) fn look_for_ticket<T: Send + Sync + 'static>(
 }
 
 /// A ticket from worker `me`'s own queue.
-pub(super) fn take_own<T: Send + Sync + 'static>(
-    me: usize,
-    shared: &Shared<T>,
-) -> Option<(Ticket<T>, usize)> {
+fn take_own<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> Option<(Ticket<T>, usize)> {
     if let Ok(ticket) = shared.tickets[me].try_recv() {
         shared.took(me, &ticket);
         return Some((ticket, me));
@@ -384,7 +368,7 @@ pub(super) fn take_elsewhere<T: Send + Sync + 'static>(
 }
 
 /// Worker `me` no longer waits (woken, or it found work after announcing).
-pub(super) fn end_wait<T>(me: usize, shared: &Shared<T>) {
+fn end_wait<T>(me: usize, shared: &Shared<T>) {
     shared.idle.fetch_sub(1, Ordering::SeqCst);
     shared.waiting[me].store(false, Ordering::SeqCst);
 }
