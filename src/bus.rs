@@ -11,12 +11,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use smallvec::SmallVec;
-
 use crate::config::{Config, Overflow};
 use crate::dispatch::{
-    inline_depth, start_drains, Dispatcher, Env, Fanout, Ordered, OrderedSink, Policy, TaskGauge,
-    MAX_INLINE_DEPTH,
+    inline_depth, push_to_streams, Dispatcher, Env, Fanout, Ordered, OrderedSink, Policy,
+    TaskGauge, MAX_INLINE_DEPTH,
 };
 use crate::error::{Error, Rejected};
 use crate::handler::Handler;
@@ -34,7 +32,7 @@ use crate::request::Requests;
 use crate::reserve::{reserve_now, reserve_waiting, NoRoom, Reservations};
 use crate::retained::RetainedStore;
 use crate::shared::SharedGroups;
-use crate::stats::{Counters, PublishGuard, Stats, Tally};
+use crate::stats::{Counters, PublishGuard, Stats};
 use crate::stream_options::{StreamOptions, StreamOverflow};
 use crate::sync::{AtomicU64, Ordering};
 use crate::topic::{split_shared, validate_filter, validate_topic};
@@ -675,20 +673,25 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let route = inner.routes.route(&inner.trie, topic);
         let reservations = match reserved {
             Some(reservations) => reservations,
-            None if counters.has_lossless_streams() => match reserve_now(&route) {
+            None => match self.reserve(&route, topic) {
                 Ok(reservations) => reservations,
-                Err(NoRoom { capacity }) => {
-                    let full = Error::Full {
-                        topic: topic.to_owned(),
-                        capacity,
-                    };
-                    return Err(Rejected::with_value(full, data));
-                }
+                Err(full) => return Err(Rejected::with_value(full, data)),
             },
-            None => Reservations::none(),
         };
         let message = Arc::new(Message::stamped(Arc::clone(&route.topic), data, metadata));
         self.fan_out(admitted, topic, route, message, Some(reservations))
+    }
+
+    /// Room in every lossless mailbox `route` reaches, taken now without
+    /// waiting ([`reserve_now`]); `Error::Full` if one has none.
+    fn reserve(&self, route: &Route<T>, topic: &str) -> Result<Reservations<T>, Error> {
+        if !self.inner.env.counters.has_lossless_streams() {
+            return Ok(Reservations::none());
+        }
+        reserve_now(route).map_err(|NoRoom { capacity }| Error::Full {
+            topic: topic.to_owned(),
+            capacity,
+        })
     }
 
     /// Delivers a message that came in through a bridge to the
@@ -786,19 +789,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
         // back then.
         let mut reservations = match reserved {
             Some(reservations) => reservations,
-            None if counters.has_lossless_streams() => match reserve_now(&route) {
-                Ok(reservations) => reservations,
-                Err(NoRoom { capacity }) => {
-                    return Err(Rejected {
-                        error: Error::Full {
-                            topic: topic.to_owned(),
-                            capacity,
-                        },
-                        value: None,
-                    })
-                }
-            },
-            None => Reservations::none(),
+            None => self
+                .reserve(&route, topic)
+                .map_err(|error| Rejected { error, value: None })?,
         };
         counters.published();
         // Reservations imply streams, so only a bus that never had one
@@ -981,100 +974,6 @@ impl<T: Send + Sync + 'static> BusInner<T> {
         self.shared.close_streams();
         self.dispatcher.shut_down();
     }
-}
-
-/// How many references to a message a publish takes at once, before it
-/// pushes them into mailboxes (see `push_to_streams`). With 100 lossless
-/// streams read by tasks that keep up, taking them one by one between pushes
-/// cost 1.47-1.68x a drop-oldest publish's time, and a batch of 64
-/// 1.19-1.34x (128: 1.12-1.20x; probe pairs, `docs/design-notes.md` §13,
-/// fifteenth session).
-const COPIES_AT_ONCE: usize = 64;
-
-/// References to one message, waiting to be pushed.
-type Copies<T> = SmallVec<[Arc<Message<T>>; COPIES_AT_ONCE]>;
-
-/// Pushes `message` into every active mailbox of the route; returns how many
-/// stream subscriptions matched.
-fn push_to_streams<T: Send + Sync + 'static>(
-    route: &Route<T>,
-    message: &Arc<Message<T>>,
-    counters: &Counters,
-    admitted: &mut PublishGuard<'_>,
-    reservations: &mut Reservations<T>,
-) -> usize {
-    let mut matched = 0;
-    let mut dropped = 0;
-    let mut claimed = SmallVec::new();
-    // Deliveries counted in flight ahead of ordered pushes and not used yet:
-    // counted a set's remainder at a time, not one by one (a shared atomic).
-    let mut spare = 0u64;
-    // The message's references for the pushes, taken a batch at a time
-    // before any of them is pushed: a reader that has taken the message
-    // drops its reference on the count's line while the publisher would be
-    // adding the next one there, a contended read-modify-write per stream.
-    let mut copies: Copies<T> = SmallVec::new();
-    reservations.for_each_stream_set(route, |set, held| {
-        let len = set.len();
-        for (index, entry) in set.entries(len).enumerate() {
-            if copies.is_empty() {
-                let batch = (len - index).min(COPIES_AT_ONCE);
-                copies.extend(std::iter::repeat_with(|| Arc::clone(message)).take(batch));
-            }
-            if !entry.is_active() || entry.sink.disconnected() {
-                continue;
-            }
-            let reserved = entry.sink.is_lossless();
-            if reserved && !held.take(index, entry) {
-                // A lossless subscription this publish made no room in: it
-                // appeared after the reservations (see `reserve.rs`).
-                continue;
-            }
-            matched += 1;
-            let ordered = entry.sink.has_consumer();
-            if ordered {
-                // In flight from before the push: its drain may finish it
-                // at once, on another thread.
-                if spare == 0 {
-                    spare = (len - index) as u64;
-                    admitted.extend(spare);
-                }
-                spare -= 1;
-            }
-            let copy = copies.pop().unwrap_or_else(|| Arc::clone(message));
-            let pushed = entry.sink.push(copy, reserved);
-            dropped += pushed.dropped;
-            if ordered {
-                if !pushed.queued {
-                    spare += 1;
-                } else if entry
-                    .sink
-                    .consumer()
-                    .and_then(|consumer| consumer.downcast_ref::<Ordered<T>>())
-                    .is_some_and(Ordered::claim)
-                {
-                    claimed.push(Arc::clone(entry));
-                }
-            }
-            if pushed.disconnected {
-                counters.disconnected();
-            }
-        }
-        if spare > 0 {
-            counters.add(&Tally {
-                finished: spare,
-                ..Tally::default()
-            });
-            spare = 0;
-        }
-    });
-    if dropped > 0 {
-        counters.dropped_now(dropped);
-    }
-    if !claimed.is_empty() {
-        start_drains(claimed);
-    }
-    matched
 }
 
 impl<T: 'static> fmt::Debug for Bus<T> {

@@ -24,6 +24,8 @@
 //! - `pending.rs` — async handlers whose future is not finished after its
 //!   first poll continue as tasks.
 //! - `permit.rs` — task slots, counted against `max_inflight_tasks`.
+//! - `streams.rs` — stream subscriptions: the publisher pushes into their
+//!   mailboxes itself, in every mode.
 //!
 //! # The policy
 //! A publish reaching `n` handler subscriptions (stream subscriptions are
@@ -76,6 +78,7 @@ mod ordered_sink;
 mod pending;
 mod permit;
 mod pool;
+mod streams;
 mod tasks;
 
 use std::sync::Arc;
@@ -99,6 +102,7 @@ pub(crate) use ordered_sink::OrderedSink;
 pub(crate) use permit::TaskGauge;
 #[cfg(all(test, loom))]
 pub(crate) use pool::STALL;
+pub(crate) use streams::push_to_streams;
 
 /// How one publish is cut into units and handed to runners.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
