@@ -435,14 +435,9 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
         self.list.swap(Arc::new(list))
     }
 
-    /// Takes member `id` out of the group of `filter`. Returns it, the group
-    /// and its remaining members, or `None` if it was not there.
-    #[allow(clippy::type_complexity)]
-    fn leave(
-        &self,
-        filter: &str,
-        id: u64,
-    ) -> Option<(Member<T>, Arc<Group<T>>, Arc<Vec<Member<T>>>)> {
+    /// Takes member `id` out of the group of `filter`. Returns it and the
+    /// group, or `None` if it was not there.
+    fn leave(&self, filter: &str, id: u64) -> Option<(Member<T>, Arc<Group<T>>)> {
         let mut replaced: Replaced<T> = (None, None);
         let result = {
             let mut groups = self.lock();
@@ -451,42 +446,18 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
             let at = current.iter().position(|m| m.id() == id)?;
             let member = current[at].clone();
             let rest: Vec<Member<T>> = current.iter().filter(|m| m.id() != id).cloned().collect();
-            let rest = Arc::new(rest);
-            replaced.0 = Some(group.members.swap(Arc::clone(&rest)));
-            if rest.is_empty() {
+            let nobody_left = rest.is_empty();
+            replaced.0 = Some(group.members.swap(Arc::new(rest)));
+            if nobody_left {
                 groups.by_filter.remove(filter);
                 replaced.1 = Some(self.publish_list(&groups));
             }
             self.members.fetch_sub(1, Ordering::Relaxed);
             drop(current);
-            (member, group, rest)
+            (member, group)
         };
         drop(replaced);
         Some(result)
-    }
-
-    /// Delivers `message`, which a member that left could not take, to
-    /// another of `members` on this thread; counts it dropped if none is
-    /// left.
-    fn hand_over(&self, members: &[Member<T>], group: &Group<T>, message: Arc<Message<T>>) {
-        match group.pick(members, message.topic()) {
-            Some(Member::Handler { entry, state, .. }) => {
-                state.picked();
-                deliver_now(&entry.sink, &message, &self.env);
-            }
-            Some(Member::Stream { entry, .. }) => {
-                let mut back = Vec::new();
-                let dropped = entry.sink.push_or_return(message, &mut back);
-                if dropped > 0 {
-                    self.env.counters.dropped_now(dropped);
-                }
-                for bounced in back {
-                    let members = group.members.load_full();
-                    self.hand_over(&members, group, bounced);
-                }
-            }
-            None => self.env.counters.dropped_now(1),
-        }
     }
 
     /// Ends every stream member's mailbox (the bus closed or is gone), and
@@ -509,7 +480,7 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
 impl<T: Send + Sync + 'static> Registry for SharedGroups<T> {
     fn remove(&self, filter: &str, kind: Kind, entry: &dyn EntryControl) -> bool {
         let _ = kind;
-        let Some((member, group, rest)) = self.leave(filter, entry.id()) else {
+        let Some((member, group)) = self.leave(filter, entry.id()) else {
             return false;
         };
         match member {
@@ -521,8 +492,11 @@ impl<T: Send + Sync + 'static> Registry for SharedGroups<T> {
                 // Hand the queue over, with no lock held. Pushes from now on
                 // bounce back to their publisher, who passes them on.
                 entry.sink.leaving();
+                // The list no longer holds it, so each is passed to another
+                // member, bouncing (boundedly) off any whose mailbox closed:
+                // after `close`, every remaining one.
                 while let Some(message) = entry.sink.take() {
-                    self.hand_over(&rest, &group, message);
+                    self.pass_on(&group, message, &self.env.counters);
                 }
             }
         }

@@ -185,6 +185,39 @@ fn a_stream_member_that_leaves_hands_its_queue_over_or_it_is_counted() {
     assert_eq!(bus.subscriptions_count(), 0);
 }
 
+/// After `close`, every stream member's mailbox is closed but its reader
+/// still holds what was queued. A member dropped then has nobody to hand
+/// its queue to: each message is counted dropped, and the drop returns.
+/// (Handing over recursed on every bounce off a closed mailbox, without
+/// end, until the stack overflowed and the process aborted.)
+#[test]
+fn a_stream_member_dropped_after_close_counts_its_queue() {
+    let rt = runtime(1);
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::Inline)
+        .share_policy(SharePolicy::RoundRobin)
+        .build()
+        .unwrap();
+    let a = bus.subscribe_stream("$share/g/t").unwrap();
+    let mut b = bus.subscribe_stream("$share/g/t").unwrap();
+    for i in 0..4 {
+        bus.publish("t", i).unwrap();
+    }
+    assert_eq!((a.len(), b.len()), (2, 2));
+    rt.block_on(bus.close()).unwrap();
+    drop(a);
+    assert_eq!(
+        bus.stats().dropped,
+        2,
+        "a's two, refused by b's closed mailbox"
+    );
+    assert_eq!(b.len(), 2, "b keeps its own");
+    assert!(b.try_recv().is_ok());
+    drop(b);
+    let stats = bus.stats();
+    assert_eq!((stats.delivered, stats.dropped), (1, 3));
+}
+
 /// A handler member with deliveries picked but not started when it leaves:
 /// they go to another member (or, with none left, are counted as dropped).
 #[test]
