@@ -684,7 +684,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
 
     /// Room in every lossless mailbox `route` reaches, taken now without
     /// waiting ([`reserve_now`]); `Error::Full` if one has none.
-    fn reserve(&self, route: &Route<T>, topic: &str) -> Result<Reservations<T>, Error> {
+    pub(crate) fn reserve(&self, route: &Route<T>, topic: &str) -> Result<Reservations<T>, Error> {
         if !self.inner.env.counters.has_lossless_streams() {
             return Ok(Reservations::none());
         }

@@ -22,20 +22,27 @@
 //!   one path for a filter without wildcards), not what is stored.
 //!
 //! # How the snapshot meets the live messages
-//! The store has one lock, `R`. A retained publish takes it to number its
-//! message (a sequence `s` shared by all topics) and store it, and only then,
-//! outside `R`, looks up who to deliver it to. A subscribe takes `R`, reads
-//! its snapshot and the current number `G`, and inserts its subscription into
-//! the subscription trie *while still holding `R`* (lock order: `R`, then
-//! the trie's writer lock; nothing takes them the other way round). So a
-//! retained publish numbered after `G` was stored after the subscription was
-//! visible, and its lookup finds it: no gap. One numbered `G` or lower was
-//! stored before the snapshot: it is in the snapshot, or older than the
-//! topic's message there, or was cleared; its lookup may or may not find the
-//! new subscription, so the subscription skips any live message numbered `G`
-//! or lower (the mailbox checks it on push; a handler's sink before calling
-//! the handler; a skipped handler delivery counts as delivered, since it
-//! was, in the snapshot): no duplicate, nothing older.
+//! The store has one lock, `R`. A retained publish takes it, looks up who
+//! to deliver to (its route, current under `R`) and takes room in their
+//! lossless streams, then numbers its message (a sequence `s` shared by all
+//! topics) and stores it; it delivers after releasing `R`. A subscribe takes
+//! `R`, reads its snapshot and the current number `G`, and inserts its
+//! subscription into the subscription trie *while still holding `R`* (lock
+//! order: `R`, then the trie's writer lock; nothing takes them the other
+//! way round). So a retained publish numbered after `G` looked up its route
+//! after the subscription was visible, and reaches it: no gap. One numbered
+//! `G` or lower was stored before the snapshot: it is in the snapshot, or
+//! older than the topic's message there, or was cleared; the subscription
+//! skips any live message numbered `G` or lower (the mailbox checks it on
+//! push; a handler's sink before calling the handler; a skipped handler
+//! delivery counts as delivered, since it was, in the snapshot): no
+//! duplicate, nothing older.
+//!
+//! A retained publish that finds a lossless stream full is refused
+//! (`Error::Full`) before it is numbered: it stores nothing, so no later
+//! subscription is handed a message that reached no one. Its route is the
+//! cached one if still current, else built under `R` without touching the
+//! cache, so nothing dropped under `R` can be a subscription's.
 //!
 //! A stream's mailbox holds its snapshot before the subscription is
 //! visible, so it comes first; a snapshot larger than the mailbox keeps its
@@ -50,11 +57,14 @@
 //! the store's lock. Until a retained publish begins, a subscribe takes no
 //! snapshot and skips `R`; its trie insert checks, under the trie's writer
 //! lock, that no retained publish has begun, and starts over the ordinary
-//! way if one has. The first retained publish sets that flag and passes
-//! through the trie's writer lock before storing its message: a subscribe
-//! whose check saw no flag finished its insert before that, so the
-//! publish's lookup finds it (a live delivery, no gap); one that checks
-//! later sees the flag.
+//! way if one has. A retained publish sets that flag and passes through the
+//! trie's writer lock before it looks up its route: a subscribe whose check
+//! saw no flag finished its insert before that, so the publish's lookup
+//! finds it (a live delivery, no gap); one that checks later sees the flag.
+//! Every retained publish passes through that lock until one has done so
+//! after setting the flag: one that only saw the flag set by a racing
+//! publish could otherwise look up its route while such an insert is still
+//! under way, and miss it.
 //!
 //! What the store replaces, evicts or lets expire, and what the trie insert
 //! replaces, is dropped after `R` is released: a message's value is user
@@ -73,7 +83,7 @@ use crate::error::{Error, Rejected};
 use crate::handles::{Receiver, Subscription};
 use crate::message::{Message, Metadata};
 use crate::registry::entry::{BoxFuture, EntryControl, HandlerEntry, Sink, Subscriber, Tracked};
-use crate::registry::mailbox::Mailbox;
+use crate::registry::mailbox::{Mailbox, Reserve};
 use crate::registry::quiesce::Running;
 use crate::registry::trie::{Handlers, InsertError, Released, Streams};
 use crate::registry::Kind;
@@ -135,6 +145,12 @@ pub(crate) struct RetainedStore<T> {
     /// subscribe skips the store (nothing to snapshot) and its lock: see
     /// "Before the first retained message" in the module docs.
     in_use: AtomicBool,
+    /// Set once a retained publish has set `in_use` and passed through the
+    /// trie's writer lock: every subscribe that saw `in_use` unset has
+    /// finished its insert. Until then each retained publish passes through
+    /// that lock itself (one that only saw `in_use` set could otherwise look
+    /// up its route while such an insert is still under way).
+    settled: AtomicBool,
     /// Topics retained, for `Stats` (written under the lock).
     len: AtomicUsize,
     max: usize,
@@ -166,6 +182,7 @@ impl<T> RetainedStore<T> {
                 seq: 0,
             }),
             in_use: AtomicBool::new(false),
+            settled: AtomicBool::new(false),
             len: AtomicUsize::new(0),
             max: config.max_retained,
             expiry: config.retained_expiry,
@@ -221,17 +238,20 @@ impl<T> RetainedStore<T> {
         store
     }
 
-    /// Retains the message `make` builds from its number, replacing the
-    /// topic's message or evicting the oldest topic if the store is full.
-    fn retain(
+    /// Runs `first` under the store's lock and, unless it fails, retains
+    /// the message `make` builds from its number, replacing the topic's
+    /// message or evicting the oldest topic if the store is full.
+    fn retain<R, E>(
         &self,
         topic: &str,
+        first: impl FnOnce() -> Result<R, E>,
         make: impl FnOnce(u64) -> Arc<Message<T>>,
         garbage: &mut Garbage<T>,
         counters: &Counters,
-    ) -> Arc<Message<T>> {
+    ) -> Result<(Arc<Message<T>>, R), E> {
         let expires = self.expiry.map(|expiry| crate::sync::now() + expiry);
         let mut store = self.lock_fresh(garbage, counters);
+        let first = first()?;
         store.seq += 1;
         let seq = store.seq;
         let message = make(seq);
@@ -261,7 +281,7 @@ impl<T> RetainedStore<T> {
         });
         store.by_seq.insert(seq, node);
         self.len.store(store.by_seq.len(), Ordering::Relaxed);
-        message
+        Ok((message, first))
     }
 
     /// Forgets `topic`'s retained message; returns it.
@@ -521,7 +541,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// # Ok(()) }
     /// ```
     ///
-    /// Errors: as [`Bus::publish`].
+    /// Errors: as [`Bus::publish`]. Refused with [`Error::Full`] (a lossless
+    /// stream it reaches has no room), it reaches no one and is not
+    /// retained: the topic keeps the message it had.
     pub fn publish_retained(&self, topic: &str, data: T) -> Result<usize, Error> {
         self.publish_retained_message(topic, data, None)
             .map_err(|rejected| rejected.error)
@@ -550,25 +572,48 @@ impl<T: Send + Sync + 'static> Bus<T> {
             Ok(admitted) => admitted,
             Err(error) => return Err(Rejected::with_value(error, data)),
         };
-        if !inner.retained.in_use() {
-            // Subscribes that skipped the store read this flag under the
+        let retained = &inner.retained;
+        if !retained.settled.load(Ordering::Acquire) {
+            // Subscribes that skipped the store read `in_use` under the
             // trie's writer lock; passing through that lock orders each of
-            // them before this message is stored and its route looked up.
-            inner.retained.in_use.store(true, Ordering::Relaxed);
+            // them before this publish's route is looked up.
+            retained.in_use.store(true, Ordering::Relaxed);
             inner.trie.barrier();
+            retained.settled.store(true, Ordering::Release);
         }
-        let name = Arc::clone(&inner.routes.route(&inner.trie, topic).topic);
+        let cached = inner.routes.route(&inner.trie, topic);
         let mut garbage = Garbage::new();
-        let message = inner.retained.retain(
+        // Handed back if the publish is refused.
+        let mut data = Some(data);
+        // Under the store's lock, before the message is stored: who it
+        // reaches, and room in their lossless streams. A publish that finds
+        // one full is refused and stores nothing (see the module docs).
+        let retained = retained.retain(
             topic,
-            |seq| Arc::new(Message::stamped(name, data, metadata).with_seq(seq)),
+            || {
+                let route = inner.routes.current(&inner.trie, &cached);
+                self.reserve(&route, topic)
+                    .map(|reservations| (route, reservations))
+            },
+            |seq| {
+                let name = Arc::clone(&cached.topic);
+                let data = data.take().expect("made once");
+                Arc::new(Message::stamped(name, data, metadata).with_seq(seq))
+            },
             &mut garbage,
             counters,
         );
         drop(garbage);
-        // Looked up after the store, outside its lock: see the module docs.
-        let route = inner.routes.route(&inner.trie, topic);
-        self.fan_out(admitted, topic, route, message, None)
+        drop(cached);
+        match retained {
+            Ok((message, (route, reservations))) => {
+                self.fan_out(admitted, topic, route, message, Some(reservations))
+            }
+            Err(full) => Err(Rejected {
+                error: full,
+                value: data,
+            }),
+        }
     }
 
     /// Forgets `topic`'s retained message. Returns whether there was one (an
@@ -771,7 +816,14 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 counters.dropped_now(skipped as u64);
             }
             for origin in &messages[skipped..] {
-                mailbox.push(Arc::new(Message::retained_copy(origin)), false);
+                // A lossless mailbox keeps only what room was taken for (a
+                // fresh one has room for all of these); whatever a push
+                // drops is counted here as well as in the mailbox.
+                let reserved = mailbox.try_reserve() == Reserve::Taken;
+                let pushed = mailbox.push(Arc::new(Message::retained_copy(origin)), reserved);
+                if pushed.dropped > 0 {
+                    counters.dropped_now(pushed.dropped);
+                }
             }
             let mut make = Some(|filter: Arc<str>| {
                 let entry = Arc::new(Subscriber::new(id, mailbox));

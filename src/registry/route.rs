@@ -211,6 +211,18 @@ impl<T: 'static> RouteCache<T> {
         })
     }
 
+    /// `cached` (a route this cache gave out) if it is still current for its
+    /// topic, else the topic's route built now, with the same home, and not
+    /// cached: the call replaces (and drops) nothing in the cache, so it may
+    /// run under a lock.
+    pub(crate) fn current(&self, trie: &Trie<T>, cached: &Arc<Route<T>>) -> Arc<Route<T>> {
+        let hash = topic_hash(&cached.topic);
+        if trie.stamp(hash) == cached.stamp {
+            return Arc::clone(cached);
+        }
+        Arc::new(build(trie, &cached.topic, hash, cached.home))
+    }
+
     /// Builds the route from the trie and caches it (when the cache is on).
     fn build_and_cache(&self, trie: &Trie<T>, topic: &str, hash: u64) -> Arc<Route<T>> {
         if self.slots.is_empty() {
