@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use crate::config::{Config, Overflow};
 use crate::dispatch::{
-    inline_depth, push_to_streams, Dispatcher, Env, Fanout, Ordered, OrderedSink, Policy,
-    TaskGauge, MAX_INLINE_DEPTH,
+    inline_depth, push_to_streams, Dispatcher, Env, Fanout, Ordered, Policy, TaskGauge,
+    MAX_INLINE_DEPTH,
 };
 use crate::error::{Error, Rejected};
 use crate::handler::Handler;
@@ -331,28 +331,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
         F: Fn(&Message<T>) + Send + Sync + 'static,
     {
         self.check_ordered_filter(filter)?;
-        let inner = &self.inner;
         let id = self.next_id();
-        let sink = OrderedSink::new(handler, id);
-        let mut made = None;
-        inner
-            .trie
-            .insert::<Handlers>(filter, |filter| {
-                let entry = Arc::new(Subscriber::new(id, sink));
-                made = Some((Arc::clone(&entry), filter));
-                entry as HandlerEntry<T>
-            })
-            .map_err(|InsertError::Closed| Error::Closed)?;
-        let (entry, filter) = made.expect("the trie made the entry");
-        // After the insert: the node exists, and no handle can remove the
-        // entry before this returns.
-        if let Some(log) = inner
-            .trie
-            .ordered_log(&filter, inner.config.stream_capacity)
-        {
-            entry.sink.attach(log);
-        }
-        Ok(self.handle(entry, filter, Kind::Handlers))
+        // With its retained snapshot: see `retained.rs`.
+        self.insert_ordered(filter, id, handler)
     }
 
     /// Refuses what no ordered subscription can have: an invalid filter, a
@@ -393,20 +374,10 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let consumer: Consumer = ordered;
         let id = self.next_id();
         let capacity = inner.config.stream_capacity;
-        let mut made = None;
-        inner
-            .trie
-            .insert::<Streams>(filter, |filter| {
-                let mailbox =
-                    Mailbox::with_consumer(capacity, StreamOverflow::DropNewest, Some(consumer))
-                        .tracking(running);
-                let entry = Arc::new(Subscriber::new(id, mailbox));
-                made = Some((Arc::clone(&entry) as Arc<dyn EntryControl>, filter));
-                entry
-            })
-            .map_err(|InsertError::Closed| Error::Closed)?;
-        let (control, filter) = made.expect("the trie made the entry");
-        Ok(self.handle(control, filter, Kind::Streams))
+        let mailbox = Mailbox::with_consumer(capacity, StreamOverflow::DropNewest, Some(consumer))
+            .tracking(running);
+        // With its retained snapshot: see `retained.rs`.
+        self.insert_ordered_async(filter, id, mailbox)
     }
 
     /// Subscribes a stream to topics matching `filter`: an ordered mailbox of

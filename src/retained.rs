@@ -44,6 +44,16 @@
 //! cached one if still current, else built under `R` without touching the
 //! cache, so nothing dropped under `R` can be a subscription's.
 //!
+//! Ordered handlers (`subscribe_ordered`, `subscribe_ordered_async`) take
+//! `R` even before the first retained publish, and hold it until they
+//! read their live messages: a sync one joins its node's ordered log
+//! under `R` (the log is where its live messages come from), and runs the
+//! snapshot itself after releasing it, as the subscription's runner from
+//! the start, so live deliveries meanwhile leave their messages to it and
+//! none overlaps a snapshot call; an async one has its snapshot queued in
+//! its mailbox before it is visible, as a stream does, and a drain started
+//! for it.
+//!
 //! A stream's mailbox holds its snapshot before the subscription is
 //! visible, so it comes first; a snapshot larger than the mailbox keeps its
 //! newest messages and counts the others as lost. A handler's snapshot is
@@ -78,7 +88,7 @@ use rustc_hash::FxHashMap;
 
 use crate::bus::Bus;
 use crate::config::Config;
-use crate::dispatch::deliver_now;
+use crate::dispatch::{deliver_now, start_drains, Ordered, OrderedSink};
 use crate::error::{Error, Rejected};
 use crate::handles::{Receiver, Subscription};
 use crate::message::{Message, Metadata};
@@ -87,7 +97,7 @@ use crate::registry::mailbox::{Mailbox, Reserve};
 use crate::registry::quiesce::Running;
 use crate::registry::trie::{Handlers, InsertError, Released, Streams};
 use crate::registry::Kind;
-use crate::stats::Counters;
+use crate::stats::{Counters, Tally};
 use crate::stream_options::StreamOverflow;
 use crate::sync::{AtomicBool, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::topic::{is_system_topic, split_shared, validate_filter, validate_topic};
@@ -779,6 +789,152 @@ impl<T: Send + Sync + 'static> Bus<T> {
             }
         }
         Ok(subscription)
+    }
+
+    /// Subscribes a sync ordered handler, with its retained snapshot. It
+    /// takes the store's lock even before the first retained publish, and
+    /// joins its node's ordered log before letting go of it: a retained
+    /// publish (routed and numbered under that lock) is then either in the
+    /// snapshot or appended to the log after the subscription reads it.
+    /// The subscriber runs the snapshot itself, as the subscription's
+    /// runner from the start, so live deliveries that arrive meanwhile
+    /// leave their messages to it and none overlaps a snapshot call.
+    pub(crate) fn insert_ordered<H>(
+        &self,
+        filter: &str,
+        id: u64,
+        handler: H,
+    ) -> Result<Subscription, Error>
+    where
+        H: Fn(&Message<T>) + Send + Sync + 'static,
+    {
+        let inner = &*self.inner;
+        let counters = &inner.env.counters;
+        // Work in progress until the snapshot has run: `close` waits for it.
+        let running = counters.begin_publish()?;
+        let mut garbage = Garbage::new();
+        let mut released = Released::new();
+        let mut handler = Some(handler);
+        let mut made = None;
+        let store = inner.retained.lock_fresh(&mut garbage, counters);
+        let snapshot = store.matching(filter);
+        let after = store.seq;
+        let mut make = Some(|filter: Arc<str>| {
+            let handler = handler.take().expect("the trie makes one entry");
+            let sink = if snapshot.is_empty() {
+                OrderedSink::new(handler, id)
+            } else {
+                OrderedSink::primed(handler, id, after)
+            };
+            let entry = Arc::new(Subscriber::new(id, sink));
+            made = Some((Arc::clone(&entry), filter));
+            entry as HandlerEntry<T>
+        });
+        let inserted =
+            inner
+                .trie
+                .insert_keeping::<Handlers>(filter, &mut make, &mut released, || false);
+        if let Err(InsertError::Closed) = inserted {
+            drop(store);
+            // The user's handler, still in `handler`, goes after the lock.
+            drop((released, garbage));
+            return Err(Error::Closed);
+        }
+        let (entry, filter) = made.expect("the trie made the entry");
+        if let Some(log) = inner
+            .trie
+            .ordered_log(&filter, inner.config.stream_capacity)
+        {
+            entry.sink.attach(log);
+        }
+        drop(store);
+        drop((released, garbage));
+        if !snapshot.is_empty() {
+            let copies: Vec<_> = snapshot
+                .iter()
+                .map(|origin| Arc::new(Message::retained_copy(origin)))
+                .collect();
+            let ran = entry.sink.run_snapshot(&copies);
+            counters.add(&Tally {
+                finished: 0,
+                delivered: ran.delivered.into(),
+                dropped: ran.dropped.into(),
+                panics: ran.panics.into(),
+            });
+        }
+        drop(running);
+        Ok(self.handle(entry, filter, Kind::Handlers))
+    }
+
+    /// Subscribes an async ordered handler (a mailbox its drain empties),
+    /// with its retained snapshot: as [`Self::insert_ordered`], the store's
+    /// lock is held from the snapshot to the insert. The snapshot is queued
+    /// in the mailbox before the subscription is visible, each message a
+    /// delivery in flight, and a drain started for it after.
+    pub(crate) fn insert_ordered_async(
+        &self,
+        filter: &str,
+        id: u64,
+        mailbox: Mailbox<T>,
+    ) -> Result<Subscription, Error> {
+        let inner = &*self.inner;
+        let counters = &inner.env.counters;
+        let mut running = counters.begin_publish()?;
+        let mut garbage = Garbage::new();
+        let mut released = Released::new();
+        let mut made = None;
+        let store = inner.retained.lock_fresh(&mut garbage, counters);
+        let snapshot = store.matching(filter);
+        let capacity = mailbox.capacity();
+        let mailbox = mailbox.after_snapshot(store.seq);
+        // The newest `capacity` fit; the older ones are lost, counted.
+        let skipped = snapshot.len().saturating_sub(capacity);
+        if skipped > 0 {
+            mailbox.count_lost(skipped as u64);
+            counters.dropped_now(skipped as u64);
+        }
+        let queued = &snapshot[skipped..];
+        // In flight before they are queued: the drain finishes each.
+        running.extend(queued.len() as u64);
+        for origin in queued {
+            let pushed = mailbox.push(Arc::new(Message::retained_copy(origin)), false);
+            debug_assert!(pushed.queued, "a fresh mailbox has room");
+        }
+        let mut make = Some(|filter: Arc<str>| {
+            let entry = Arc::new(Subscriber::new(id, mailbox));
+            made = Some((Arc::clone(&entry), filter));
+            entry
+        });
+        let inserted =
+            inner
+                .trie
+                .insert_keeping::<Streams>(filter, &mut make, &mut released, || false);
+        drop(store);
+        // If the bus closed, the mailbox (with the user's handler) is still
+        // in the entry-maker, dropped here after the lock; and so are the
+        // queued copies, counted in flight: they are settled as dropped.
+        drop(make);
+        drop((released, garbage));
+        if let Err(InsertError::Closed) = inserted {
+            counters.add(&Tally {
+                finished: queued.len() as u64,
+                dropped: queued.len() as u64,
+                ..Tally::default()
+            });
+            return Err(Error::Closed);
+        }
+        let (entry, filter) = made.expect("the trie made the entry");
+        if !queued.is_empty()
+            && entry
+                .sink
+                .consumer()
+                .and_then(|c| c.downcast_ref::<Ordered<T>>())
+                .is_some_and(Ordered::claim)
+        {
+            start_drains(smallvec::smallvec![Arc::clone(&entry)]);
+        }
+        drop(running);
+        Ok(self.handle(entry as Arc<dyn EntryControl>, filter, Kind::Streams))
     }
 
     /// Subscribes a stream (not shared), with its retained snapshot if

@@ -261,10 +261,28 @@ fn racing_publishers_leave_no_gap_and_no_duplicate() {
             type Log = Arc<Mutex<Vec<(String, u64, bool)>>>;
             let mut streams = Vec::new();
             let mut handlers: Vec<(Log, blazesub::Subscription)> = Vec::new();
+            let mut ordered: Vec<(Log, blazesub::Subscription)> = Vec::new();
             for j in 0..JOINERS {
                 std::thread::sleep(Duration::from_micros(300 * j as u64 % 2_000));
-                if j % 2 == 0 {
+                if j % 3 == 0 {
                     streams.push(bus.subscribe_stream("race/#").unwrap());
+                } else if j % 3 == 2 {
+                    let log: Log = Arc::default();
+                    let writer = Arc::clone(&log);
+                    let busy = AtomicBool::new(false);
+                    let sub = bus
+                        .subscribe_ordered("race/#", move |m: &Message<u64>| {
+                            // A panic here is counted, and the end checks none.
+                            assert!(!busy.swap(true, Ordering::SeqCst), "calls overlap");
+                            writer.lock().unwrap().push((
+                                m.topic().to_owned(),
+                                *m.data(),
+                                m.is_retained(),
+                            ));
+                            busy.store(false, Ordering::SeqCst);
+                        })
+                        .unwrap();
+                    ordered.push((log, sub));
                 } else {
                     let log: Log = Arc::default();
                     let writer = Arc::clone(&log);
@@ -338,10 +356,77 @@ fn racing_publishers_leave_no_gap_and_no_duplicate() {
                     );
                 }
             }
+            // Ordered handlers: the snapshot first, then every later value
+            // of each topic once, in order, in every mode.
+            for (i, (log, _)) in ordered.iter().enumerate() {
+                let log = log.lock().unwrap();
+                let mut per_topic: BTreeMap<&str, Vec<(u64, bool)>> = BTreeMap::new();
+                for (topic, n, retained) in log.iter() {
+                    per_topic.entry(topic).or_default().push((*n, *retained));
+                }
+                for (topic, seen) in &per_topic {
+                    // Retained when subscribed, or first published after.
+                    assert!(
+                        seen[0].1 || seen[0].0 == 1,
+                        "{mode:?} ordered {i} {topic}: began with live {:?}",
+                        seen[0]
+                    );
+                    assert!(
+                        seen.iter().skip(1).all(|s| !s.1),
+                        "{mode:?} ordered {i} {topic}: retained after the first"
+                    );
+                    for (k, w) in seen.windows(2).enumerate() {
+                        assert_eq!(
+                            w[1].0,
+                            w[0].0 + 1,
+                            "{mode:?} ordered {i} {topic}: gap or duplicate at {k}: {:?}",
+                            &seen[k.saturating_sub(2)..(k + 3).min(seen.len())]
+                        );
+                    }
+                    assert_eq!(seen.last().unwrap().0, COUNT, "{mode:?} {topic}: last");
+                }
+                assert_eq!(per_topic.len() as u64, PUBLISHERS * TOPICS_EACH);
+            }
             let stats = bus.stats();
             assert_eq!(stats.handler_panics, 0);
             assert_eq!(stats.dropped, 0);
         });
+    }
+}
+
+/// An ordered handler gets the retained messages its filter matches
+/// before `subscribe_ordered` returns, then live ones, in every mode.
+#[test]
+fn an_ordered_handler_gets_the_snapshot_first_then_live_messages() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = bus_on(mode, &rt);
+        bus.publish_retained("cfg/a", 1).unwrap();
+        bus.publish_retained("cfg/b", 2).unwrap();
+        bus.publish("cfg/c", 0).unwrap(); // not retained
+        let seen: Arc<Mutex<Vec<(u64, bool)>>> = Arc::default();
+        let log = Arc::clone(&seen);
+        let _ordered = bus
+            .subscribe_ordered("cfg/#", move |m: &Message<u64>| {
+                log.lock().unwrap().push((*m.data(), m.is_retained()));
+            })
+            .unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [(1, true), (2, true)],
+            "{mode:?}: the snapshot, before subscribe returns"
+        );
+        for n in 3..50 {
+            bus.publish_retained("cfg/a", n).unwrap();
+        }
+        assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+        let expected: Vec<(u64, bool)> = [(1, true), (2, true)]
+            .into_iter()
+            .chain((3..50).map(|n| (n, false)))
+            .collect();
+        assert_eq!(*seen.lock().unwrap(), expected, "{mode:?}");
+        let stats = bus.stats();
+        assert_eq!((stats.dropped, stats.handler_panics), (0, 0), "{mode:?}");
     }
 }
 
@@ -713,4 +798,39 @@ fn the_first_retained_publishes_racing_a_subscribe_leave_no_gap() {
         gaps, 0,
         "rounds of {ROUNDS} where the stream missed a publish"
     );
+}
+
+/// An async ordered handler gets the retained messages its filter matches
+/// first (queued before the subscription is visible), then live ones, one
+/// call at a time, in every mode.
+#[test]
+fn an_async_ordered_handler_gets_the_snapshot_first_then_live_messages() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = bus_on(mode, &rt);
+        bus.publish_retained("cfg/a", 1).unwrap();
+        bus.publish_retained("cfg/b", 2).unwrap();
+        let seen: Arc<Mutex<Vec<(u64, bool)>>> = Arc::default();
+        let log = Arc::clone(&seen);
+        let _ordered = bus
+            .subscribe_ordered_async("cfg/#", move |m: Arc<Message<u64>>| {
+                let log = Arc::clone(&log);
+                async move {
+                    tokio::task::yield_now().await;
+                    log.lock().unwrap().push((*m.data(), m.is_retained()));
+                }
+            })
+            .unwrap();
+        for n in 3..50 {
+            bus.publish_retained("cfg/a", n).unwrap();
+        }
+        assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+        let expected: Vec<(u64, bool)> = [(1, true), (2, true)]
+            .into_iter()
+            .chain((3..50).map(|n| (n, false)))
+            .collect();
+        assert_eq!(*seen.lock().unwrap(), expected, "{mode:?}");
+        let stats = bus.stats();
+        assert_eq!((stats.dropped, stats.handler_panics), (0, 0), "{mode:?}");
+    }
 }

@@ -35,6 +35,11 @@
 //!   running it.
 //! - A handler that publishes to itself (any mode) finds `pending` held by
 //!   its own runner and leaves the message to it: no recursion.
+//! - **A retained snapshot** (see `retained.rs`): the sink starts with
+//!   `pending` held by its subscriber, who runs the snapshot's messages and
+//!   then hands back like any runner, catching up on what arrived meanwhile.
+//!   A live copy of a retained message the snapshot held (numbered at or
+//!   below its `after`) is not run again, and counts as delivered.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
@@ -59,6 +64,10 @@ pub(crate) struct OrderedSink<T, H> {
     pending: AtomicUsize,
     /// Cleared when the subscription is removed: the runner skips the rest.
     active: AtomicBool,
+    /// Retained publishes numbered this or lower were in the snapshot the
+    /// subscription started with (or older than it): a live copy of one
+    /// is not run again. 0 for a subscription without a snapshot.
+    after: u64,
     id: u64,
     handler: H,
 }
@@ -96,14 +105,44 @@ where
     H: Fn(&Message<T>) + Send + Sync + 'static,
 {
     pub(crate) fn new(handler: H, id: u64) -> Self {
+        Self::starting(handler, id, 0, 0)
+    }
+
+    fn starting(handler: H, id: u64, pending: usize, after: u64) -> Self {
         Self {
             log: OnceLock::new(),
             cursor: AtomicU64::new(0),
-            pending: AtomicUsize::new(0),
+            pending: AtomicUsize::new(pending),
             active: AtomicBool::new(true),
+            after,
             id,
             handler,
         }
+    }
+
+    /// A subscription that starts with a retained snapshot taken at
+    /// retained number `after`: its subscriber is the runner from the start
+    /// (deliveries that arrive meanwhile leave their messages to it), and
+    /// runs the snapshot with [`Self::run_snapshot`] before any of them.
+    pub(crate) fn primed(handler: H, id: u64, after: u64) -> Self {
+        Self::starting(handler, id, 1, after)
+    }
+
+    /// The subscriber of a [`Self::primed`] sink, attached: runs the
+    /// snapshot's messages, then stops being the runner, first running
+    /// what live deliveries left to it meanwhile (the log from where it
+    /// attached). Returns what it ran, for the caller to count.
+    pub(crate) fn run_snapshot(&self, snapshot: &[Arc<Message<T>>]) -> Outcome {
+        let mut tally = Outcome::default();
+        for message in snapshot {
+            tally.add(self.call(message, false));
+        }
+        match self.log.get() {
+            Some(log) => tally.merge(self.hand_back(log).unwrap_or_default()),
+            // Never attached: no delivery could have run, nor left anything.
+            None => self.pending.store(0, Ordering::Release),
+        }
+        tally
     }
 
     /// Starts reading `log` (the subscription is in the trie): messages
@@ -295,6 +334,11 @@ where
         if !self.active.load(Ordering::Acquire) {
             return Call::Skipped;
         }
+        if self.after != 0 && message.seq() != 0 && message.seq() <= self.after {
+            // In the snapshot already: delivered, as far as this publish
+            // is concerned.
+            return Call::Delivered;
+        }
         if discarding {
             return Call::Dropped;
         }
@@ -313,8 +357,9 @@ where
     T: Send + Sync + 'static,
     H: Fn(&Message<T>) + Send + Sync + 'static,
 {
-    /// Not reached: ordered subscriptions are neither shared nor primed, so
-    /// only a publish's job delivers to them, through [`Sink::deliver_at`].
+    /// Not reached: ordered subscriptions are not shared, and run their
+    /// snapshot themselves, so only a publish's job delivers to them,
+    /// through [`Sink::deliver_at`].
     /// A message without a position in the log has nothing to run.
     fn deliver(&self, _message: &Arc<Message<T>>) -> Option<BoxFuture> {
         None

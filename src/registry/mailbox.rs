@@ -148,6 +148,15 @@ impl<T> Mailbox<T> {
         }
     }
 
+    /// The same mailbox, primed with a retained snapshot taken at retained
+    /// number `after` (see [`Self::primed`]).
+    pub(crate) fn after_snapshot(self, after: u64) -> Self {
+        Self {
+            retained_after: after,
+            ..self
+        }
+    }
+
     /// Counts `n` messages as lost without pushing them (a snapshot larger
     /// than the mailbox keeps its newest messages).
     pub(crate) fn count_lost(&self, n: u64) {
