@@ -20,6 +20,10 @@
 //!   [`Stats::late_replies`](crate::Stats::late_replies). Replies beyond
 //!   what a request takes (a second reply to `request`) are dropped with its
 //!   mailbox and counted in `Stats::dropped`.
+//! - **An ended request costs no memory**: its deadline is disarmed too,
+//!   and the timer's heap holds at most `2 × waiting + 64` entries, whatever
+//!   the timeouts (a disarmed deadline is not left to linger until it would
+//!   have passed).
 //! - A request to a shared subscription (`$share/{group}/{filter}`) reaches
 //!   one member: a load-balanced service.
 
@@ -89,11 +93,40 @@ struct TimerShared {
 }
 
 struct TimerState {
-    /// (when, id); an id no longer in `armed` was disarmed.
+    /// (when, id); an id no longer in `armed` was disarmed. Such entries are
+    /// not searched for when disarmed (that would cost O(n) each): they are
+    /// popped when due, or cleared out by [`TimerState::disarm`].
     heap: BinaryHeap<Reverse<(Instant, u64)>>,
     armed: FxHashMap<u64, Arc<Deadline>>,
     next_id: u64,
     stop: bool,
+}
+
+/// Disarmed entries the heap may hold beyond as many as are armed before it
+/// is cleared out: a few requests in flight never pay for a rebuild.
+const SLACK: usize = 64;
+
+impl TimerState {
+    /// Disarms `id`; returns its deadline, to be dropped after the lock.
+    fn disarm(&mut self, id: u64) -> Option<Arc<Deadline>> {
+        let removed = self.armed.remove(&id);
+        self.prune();
+        removed
+    }
+
+    /// A disarmed entry would otherwise stay in the heap until its deadline,
+    /// so with long timeouts answered requests would pile up there. Once
+    /// the disarmed entries outnumber the armed ones (plus [`SLACK`]), the
+    /// heap is rebuilt with only the armed ones. A rebuild costs O(heap),
+    /// which is O(the disarmed entries it removes), and each disarm leaves
+    /// one such entry: O(1) amortized per request. Called after every
+    /// disarm and expiry, it keeps the heap within `2 * armed + SLACK`.
+    fn prune(&mut self) {
+        if self.heap.len() > 2 * self.armed.len() + SLACK {
+            let armed = &self.armed;
+            self.heap.retain(|Reverse((_, id))| armed.contains_key(id));
+        }
+    }
 }
 
 impl Timer {
@@ -169,16 +202,7 @@ impl TimerShared {
                     due.push(deadline);
                 }
             }
-            // Disarmed entries linger in the heap; rebuild it when they are
-            // most of it, so it stays proportional to the armed ones.
-            if state.heap.len() > 64 && state.heap.len() > 2 * state.armed.len() {
-                let TimerState { heap, armed, .. } = &mut *state;
-                let kept: Vec<_> = heap
-                    .drain()
-                    .filter(|Reverse((_, id))| armed.contains_key(id))
-                    .collect();
-                *heap = kept.into();
-            }
+            state.prune();
             let next = state.heap.peek().map(|Reverse((when, _))| *when);
             if !due.is_empty() {
                 drop(state);
@@ -212,7 +236,8 @@ struct Armed<'a> {
 
 impl Drop for Armed<'_> {
     fn drop(&mut self) {
-        let removed = self.timer.shared.lock().armed.remove(&self.id);
+        // The deadline is dropped after the lock is released.
+        let removed = self.timer.shared.lock().disarm(self.id);
         drop(removed);
     }
 }
@@ -417,5 +442,64 @@ impl<T: Send + Sync + 'static> Bus<T> {
             Err(_) if !got.is_empty() => Ok(got),
             Err(error) => Err(error),
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// (heap entries, armed deadlines).
+    fn sizes(timer: &Timer) -> (usize, usize) {
+        let state = timer.shared.lock();
+        (state.heap.len(), state.armed.len())
+    }
+
+    /// Answered requests with long timeouts: nothing comes due, so only
+    /// disarming can clear their entries out.
+    #[test]
+    fn disarmed_deadlines_do_not_accumulate_in_the_heap() {
+        let timer = Timer::start().unwrap();
+        let hour = Duration::from_secs(3600);
+        let waiting: Vec<_> = (0..100).map(|_| timer.arm(hour)).collect();
+        for _ in 0..100_000 {
+            drop(timer.arm(hour));
+            let (heap, armed) = sizes(&timer);
+            assert_eq!(armed, 100);
+            assert!(
+                heap <= 2 * armed + SLACK,
+                "{heap} heap entries for {armed} armed"
+            );
+        }
+        drop(waiting);
+        let (heap, armed) = sizes(&timer);
+        assert_eq!(armed, 0);
+        assert!(heap <= SLACK, "{heap} heap entries for none armed");
+    }
+
+    /// Rebuilding the heap keeps the armed deadlines: they still pass.
+    #[test]
+    fn armed_deadlines_pass_across_rebuilds() {
+        let timer = Timer::start().unwrap();
+        let soon: Vec<_> = (0..10)
+            .map(|_| timer.arm(Duration::from_millis(20)))
+            .collect();
+        for _ in 0..10_000 {
+            drop(timer.arm(Duration::from_secs(3600)));
+        }
+        let start = Instant::now();
+        while !soon
+            .iter()
+            .all(|armed| armed.deadline.passed.load(Ordering::Acquire))
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "a deadline never passed"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (heap, armed) = sizes(&timer);
+        assert_eq!(armed, 0);
+        assert!(heap <= SLACK, "{heap} heap entries for none armed");
     }
 }
