@@ -393,8 +393,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
 
     /// [`Self::subscribe_stream`] with a mailbox of `capacity` messages.
     ///
-    /// Errors: [`Error::InvalidArgument`] for a `capacity` of 0, besides those
-    /// of `subscribe_stream`.
+    /// Errors: [`Error::InvalidArgument`] for a `capacity` of 0 or above
+    /// [`StreamOptions::MAX_CAPACITY`], besides those of `subscribe_stream`.
     pub fn subscribe_stream_with_capacity(
         &self,
         filter: &str,
@@ -426,8 +426,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// # Ok(()) }
     /// ```
     ///
-    /// Errors: [`Error::InvalidArgument`] for a capacity of 0, besides those
-    /// of `subscribe_stream`.
+    /// Errors: [`Error::InvalidArgument`] for a capacity of 0 or above
+    /// [`StreamOptions::MAX_CAPACITY`], besides those of `subscribe_stream`.
     pub fn subscribe_stream_with(
         &self,
         filter: &str,
@@ -441,6 +441,13 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 name: "capacity",
                 value: capacity.to_string(),
                 reason: "must be at least 1",
+            });
+        }
+        if capacity > StreamOptions::MAX_CAPACITY {
+            return Err(Error::InvalidArgument {
+                name: "capacity",
+                value: capacity.to_string(),
+                reason: "must be at most 16,777,216 messages (StreamOptions::MAX_CAPACITY)",
             });
         }
         self.check_open()?;

@@ -177,7 +177,9 @@ pub struct Config {
     pub max_inflight_tasks: usize,
     /// How many messages a stream subscription's mailbox holds. When it is full
     /// the oldest message is dropped and counted, so `publish` never waits for a
-    /// reader. Default 1,024. Must be at least 1.
+    /// reader. Default 1,024. Must be at least 1 and at most
+    /// [`StreamOptions::MAX_CAPACITY`](crate::StreamOptions::MAX_CAPACITY)
+    /// (16,777,216; see there why).
     pub stream_capacity: usize,
     /// Slots in the cache of topic → matching subscriptions. A publish to a
     /// cached topic does not walk the subscription trie. Default 4,096 (about
@@ -261,6 +263,13 @@ impl Config {
                     reason: "must be at least 1",
                 });
             }
+        }
+        if self.stream_capacity > crate::StreamOptions::MAX_CAPACITY {
+            return Err(Error::InvalidConfig {
+                field: "stream_capacity",
+                value: self.stream_capacity.to_string(),
+                reason: "must be at most 16,777,216 messages (StreamOptions::MAX_CAPACITY)",
+            });
         }
         if self.route_cache_capacity > 1 << 24 {
             return Err(Error::InvalidConfig {

@@ -6,7 +6,15 @@
 //!   `$reply/{bus}/{n}` (a `$` topic, so `#` and `+/...` subscribers never
 //!   see replies; unique to the request), publishes the request with
 //!   [`Message::reply_to`] set to it, and waits for the first reply.
-//!   [`Bus::request_many`] waits for up to `max` replies.
+//!   [`Bus::request_many`] waits for up to `max` replies; `usize::MAX`
+//!   takes as many as come by the deadline.
+//! - **Replies queue in a bounded mailbox** of `min(max,
+//!   MAX_QUEUED_REPLIES)` (4,096) replies until the request takes them, so a
+//!   large `max` allocates no room for replies that never come. The request
+//!   takes them as they come; only a burst that outruns it by more than
+//!   that (more responders than that answering inside an `Inline` publish)
+//!   loses its oldest replies, counted in `Stats::dropped` as any full
+//!   mailbox's are.
 //! - **Nobody to answer**: if the request matched no subscription, it fails
 //!   at once with [`Error::NoResponders`], without waiting for the deadline.
 //! - **Deadline**: with no reply by `timeout`, [`Error::Timeout`]
@@ -43,6 +51,12 @@ use crate::registry::route::Route;
 use crate::stream_options::StreamOverflow;
 use crate::sync::{AtomicBool, AtomicU64, Ordering, WakerSlot};
 use crate::topic::{split_shared, validate_filter, validate_topic};
+
+/// The most replies a request's mailbox holds before the request takes
+/// them (its allocation: 64 KiB at 16 bytes a slot). Taken as they come, so
+/// only a burst from more than this many responders at once outruns it, and
+/// a request with a `max` of millions costs no more than this.
+const MAX_QUEUED_REPLIES: usize = 4_096;
 
 /// Distinguishes the reply topics of buses in one process.
 static BUSES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -297,6 +311,14 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// `health/#`, `+/db`), a scatter-gather; its messages' topic is the
     /// filter. ([`Bus::request`] accepts a filter the same way.)
     ///
+    /// A `max` of `usize::MAX` takes as many replies as come by the
+    /// deadline. Replies wait for the request in a mailbox of at most 4,096
+    /// (whatever `max` is, so a large one allocates no more room); the
+    /// request takes them as they come, so only a burst of more than 4,096
+    /// at once that outruns it (more `Inline` responders than that, which
+    /// all answer inside the publish) loses its oldest replies, counted in
+    /// [`Stats::dropped`](crate::Stats::dropped).
+    ///
     /// Errors: as [`Bus::request`] ([`Error::Timeout`] when not one reply
     /// came), and [`Error::InvalidArgument`] for a `max` of 0.
     ///
@@ -378,7 +400,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let replies = self.insert_stream(
             &reply_to,
             self.next_id(),
-            max,
+            max.min(MAX_QUEUED_REPLIES),
             StreamOverflow::DropOldest,
             false,
         )?;

@@ -53,8 +53,22 @@ pub struct StreamOptions {
 }
 
 impl StreamOptions {
+    /// The largest mailbox a stream subscription may have: 16,777,216
+    /// (2^24) messages. A mailbox's slots are allocated when it is
+    /// subscribed, 16 bytes each, so this one takes 256 MiB before any
+    /// message comes: seconds of backlog at millions of messages a second,
+    /// more than a reader that keeps up needs, and not so much that a
+    /// process cannot have it. A larger capacity is refused with
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) rather than
+    /// attempted: `usize::MAX` (meant as "unbounded", which no mailbox is)
+    /// would panic, and `1 << 40` would abort the process when the
+    /// allocation fails. The same bound applies to
+    /// [`Config::stream_capacity`](crate::Config::stream_capacity).
+    pub const MAX_CAPACITY: usize = 1 << 24;
+
     /// A mailbox of `capacity` messages that drops the oldest when full.
-    /// (A capacity of 0 is refused when subscribing.)
+    /// (A capacity of 0, or above [`Self::MAX_CAPACITY`], is refused when
+    /// subscribing.)
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity,

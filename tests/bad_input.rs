@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use blazesub::topic::{matches, validate_filter, validate_topic, TopicError, TopicKind, TopicRule};
-use blazesub::{Bus, Config, DeliveryMode, Error, Message};
+use blazesub::{Bus, Config, DeliveryMode, Error, Message, StreamOptions, StreamOverflow};
 
 /// One malformed (or legal but surprising) topic name or filter.
 struct TopicCase {
@@ -480,6 +480,13 @@ fn misuse_cases() -> Vec<MisuseCase> {
             text: "invalid configuration: `stream_capacity` = 0 must be at least 1",
         },
         MisuseCase {
+            class: "stream capacity too large",
+            shown: "`stream_capacity: 16_777_217`",
+            run: || build(|c| c.stream_capacity = (1 << 24) + 1),
+            check: |e| matches!(e, Error::InvalidConfig { field: "stream_capacity", value, reason: "must be at most 16,777,216 messages (StreamOptions::MAX_CAPACITY)" } if value == "16777217"),
+            text: "invalid configuration: `stream_capacity` = 16777217 must be at most 16,777,216 messages (StreamOptions::MAX_CAPACITY)",
+        },
+        MisuseCase {
             class: "route cache too large",
             shown: "`route_cache_capacity: 16_777_217`",
             run: || build(|c| c.route_cache_capacity = (1 << 24) + 1),
@@ -492,6 +499,49 @@ fn misuse_cases() -> Vec<MisuseCase> {
             run: || inline_bus().subscribe_stream_with_capacity("a", 0).unwrap_err(),
             check: |e| matches!(e, Error::InvalidArgument { name: "capacity", value, reason: "must be at least 1" } if value == "0"),
             text: "invalid argument: `capacity` = 0 must be at least 1",
+        },
+        MisuseCase {
+            class: "zero-capacity stream, with options",
+            shown: "`subscribe_stream_with(\"a\", StreamOptions::new(0))`",
+            run: || inline_bus().subscribe_stream_with("a", StreamOptions::new(0)).unwrap_err(),
+            check: |e| matches!(e, Error::InvalidArgument { name: "capacity", value, reason: "must be at least 1" } if value == "0"),
+            text: "invalid argument: `capacity` = 0 must be at least 1",
+        },
+        MisuseCase {
+            class: "stream capacity over `StreamOptions::MAX_CAPACITY`",
+            shown: "`subscribe_stream_with_capacity(\"a\", 16_777_217)`",
+            run: || {
+                inline_bus()
+                    .subscribe_stream_with_capacity("a", StreamOptions::MAX_CAPACITY + 1)
+                    .unwrap_err()
+            },
+            check: |e| matches!(e, Error::InvalidArgument { name: "capacity", value, reason: "must be at most 16,777,216 messages (StreamOptions::MAX_CAPACITY)" } if value == "16777217"),
+            text: "invalid argument: `capacity` = 16777217 must be at most 16,777,216 messages (StreamOptions::MAX_CAPACITY)",
+        },
+        MisuseCase {
+            class: "\"unbounded\" stream (it panicked: capacity overflow)",
+            shown: "`subscribe_stream_with(\"a\", StreamOptions::new(usize::MAX).overflow(Backpressure))`",
+            run: || {
+                inline_bus()
+                    .subscribe_stream_with(
+                        "a",
+                        StreamOptions::new(usize::MAX).overflow(StreamOverflow::Backpressure),
+                    )
+                    .unwrap_err()
+            },
+            check: |e| matches!(e, Error::InvalidArgument { name: "capacity", value, .. } if *value == usize::MAX.to_string()),
+            text: "invalid argument: `capacity` = 18446744073709551615 must be at most 16,777,216 messages (StreamOptions::MAX_CAPACITY)",
+        },
+        MisuseCase {
+            class: "oversized shared stream member",
+            shown: "`subscribe_stream_with_capacity(\"$share/g/a\", 1 << 30)`",
+            run: || {
+                inline_bus()
+                    .subscribe_stream_with_capacity("$share/g/a", 1 << 30)
+                    .unwrap_err()
+            },
+            check: |e| matches!(e, Error::InvalidArgument { name: "capacity", value, .. } if value == "1073741824"),
+            text: "invalid argument: `capacity` = 1073741824 must be at most 16,777,216 messages (StreamOptions::MAX_CAPACITY)",
         },
         MisuseCase {
             class: "`TaskPerSubscriber` without a runtime",

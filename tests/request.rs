@@ -183,6 +183,52 @@ fn many_responders() {
     }
 }
 
+/// `max` is an upper bound, not a size: `usize::MAX` ("as many as come")
+/// panicked with "capacity overflow", and `1 << 40` aborted the process,
+/// when the reply mailbox was allocated at `max` replies.
+#[test]
+fn request_many_without_a_practical_limit_takes_all_that_come() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = bus_on(mode, &rt);
+        let _services: Vec<_> = ["a", "b", "c"]
+            .iter()
+            .map(|name| doubler(&bus, &format!("health/{name}")))
+            .collect();
+        for max in [usize::MAX, 1 << 40, 1 << 20] {
+            let all = rt
+                .block_on(async {
+                    tokio::time::timeout(
+                        LIMIT,
+                        bus.request_many("health/+", 1, Duration::from_millis(100), max),
+                    )
+                    .await
+                })
+                .unwrap()
+                .unwrap();
+            assert_eq!(all.len(), 3, "{mode:?}, max {max}");
+        }
+        assert_eq!(bus.stats().dropped, 0, "{mode:?}");
+    }
+}
+
+/// The bound on replies queued at once (4,096, documented on
+/// `request_many`): `Inline` responders all answer inside the publish,
+/// before the request takes any, so those beyond it push out the oldest,
+/// counted in `Stats::dropped` as for any full mailbox.
+#[test]
+fn request_many_queues_at_most_4096_replies_at_once() {
+    let bus = Bus::<u64>::builder()
+        .delivery(DeliveryMode::Inline)
+        .build()
+        .unwrap();
+    let _services: Vec<_> = (0..4_100).map(|_| doubler(&bus, "svc")).collect();
+    let all = common::block_on(bus.request_many("svc", 1, Duration::from_millis(50), usize::MAX))
+        .unwrap();
+    assert_eq!(all.len(), 4_096);
+    assert_eq!(bus.stats().dropped, 4);
+}
+
 #[test]
 fn a_cancelled_request_leaves_nothing_subscribed() {
     for mode in MODES {
