@@ -259,9 +259,12 @@ impl<T> RetainedStore<T> {
         garbage: &mut Garbage<T>,
         counters: &Counters,
     ) -> Result<(Arc<Message<T>>, R), E> {
-        let expires = self.expiry.map(|expiry| crate::sync::now() + expiry);
         let mut store = self.lock_fresh(garbage, counters);
         let first = first()?;
+        // Read under the lock: expiries then follow the numbers, which is
+        // the order the store lets them expire in (it stops at the first
+        // message not yet due).
+        let expires = self.expiry.map(|expiry| crate::sync::now() + expiry);
         store.seq += 1;
         let seq = store.seq;
         let message = make(seq);
