@@ -652,3 +652,51 @@ async fn misuse_gets_its_exact_error() {
         .await;
     assert!(matches!(closed, Err(Error::Closed)));
 }
+
+/// nats-server holds payload and headers together to its `max_payload` (1
+/// MiB by default) and closes the connection over it. A payload just under
+/// the limit that the origin header pushes over, and a small payload with
+/// large metadata, are refused before they are sent and counted as
+/// dropped; the connection stays up and the next message arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_count_against_the_servers_max_payload() {
+    let server = NatsServer::start();
+    limit(60, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let ba = node(&a, &server.url(), "a", &["big/#"], &[]).await;
+        let bb = node(&b, &server.url(), "b", &[], &["big/#"]).await;
+        let seen = Seen::default();
+        let _s = b.subscribe("big/+", seen.handler()).unwrap();
+        let monitor = server_ref(&server);
+        eventually("b subscribed upstream", move || {
+            subscriptions_of(&monitor, "b") == 1
+        })
+        .await;
+        let max = 1 << 20; // nats-server's default max_payload
+        a.publish("big/edge", Bytes::from(vec![1u8; max - 8]))
+            .unwrap();
+        let metadata = Metadata::new().with("k", "v".repeat(max));
+        a.publish_with("big/metadata", Bytes::from_static(b"x"), metadata)
+            .unwrap();
+        a.publish("big/after", Bytes::from_static(b"small"))
+            .unwrap();
+        until(
+            || seen.len() == 1,
+            || format!("{:?} {:?}", ba.stats(), bb.stats()),
+        )
+        .await;
+        assert_eq!(seen.topics(), ["big/after"]);
+        let sa = ba.stats();
+        assert_eq!(
+            (sa.sent, sa.dropped),
+            (1, 2),
+            "both refused, counted: {sa:?}"
+        );
+        assert_eq!(
+            (sa.reconnects, bb.stats().reconnects),
+            (0, 0),
+            "no connection lost"
+        );
+    })
+    .await;
+}

@@ -12,7 +12,10 @@
 //! - Slow consumers (the client's buffer for a subscription full) are
 //!   counted; each is a dropped message.
 //! - A message whose subject or size the server would refuse (and close the
-//!   connection for) is refused here instead, and counted.
+//!   connection for) is refused here instead, and counted as dropped. The
+//!   size is the payload and its headers (origin and metadata) together,
+//!   as the server counts it against its `max_payload`; NATS puts no limit
+//!   of its own on one header.
 
 use std::pin::Pin;
 use std::str::FromStr;
@@ -130,10 +133,13 @@ impl Transport for Nats {
                 )));
             }
             let headers = headers(&self.origin, message.metadata.as_ref());
+            // The server holds the whole HPUB body, headers and payload, to
+            // `max_payload`, and closes the connection over it.
             let max = self.client.server_info().max_payload;
-            if max > 0 && message.payload.len() > max {
+            let size = encoded_len(&headers) + message.payload.len();
+            if max > 0 && size > max {
                 return Err(SendError::Refused(format!(
-                    "its payload of {} bytes is over the server's max_payload of {max}",
+                    "its payload of {} bytes with its headers is {size} bytes, over the server's max_payload of {max}",
                     message.payload.len()
                 )));
             }
@@ -207,6 +213,24 @@ fn headers(origin: &str, metadata: Option<&Metadata>) -> HeaderMap {
         }
     }
     headers
+}
+
+/// The size of `headers` on the wire, as async-nats writes them: a version
+/// line, one `name: value` line per value, and an empty line.
+fn encoded_len(headers: &HeaderMap) -> usize {
+    const VERSION_LINE: usize = "NATS/1.0\r\n".len();
+    const END: usize = "\r\n".len();
+    let lines: usize = headers
+        .iter()
+        .map(|(name, values)| {
+            let name: &str = name.as_ref();
+            values
+                .iter()
+                .map(|value| name.len() + ": ".len() + value.as_str().len() + END)
+                .sum::<usize>()
+        })
+        .sum();
+    VERSION_LINE + lines + END
 }
 
 fn incoming(message: async_nats::Message) -> Incoming {
