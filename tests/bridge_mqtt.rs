@@ -330,3 +330,49 @@ async fn large_payloads_cross_and_oversized_ones_are_refused_not_fatal() {
     })
     .await;
 }
+
+/// MQTT strings carry a u16 length, and rumqttc writes a longer one
+/// truncated (a malformed packet: the broker closes the connection). A
+/// metadata value or key over 65,535 bytes, fine on the bus and far under
+/// the packet limit, is refused before the client and counted as dropped;
+/// the connection stays up and the next message arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metadata_string_over_mqtts_limit_is_refused_not_fatal() {
+    let broker = Mosquitto::start();
+    limit(60, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let ba = node(&a, &broker.url(), "a", &["m/#"], &[]).await;
+        let bb = node(&b, &broker.url(), "b", &[], &["m/#"]).await;
+        let seen = Seen::default();
+        let _s = b.subscribe("m/+", seen.handler()).unwrap();
+        subscribed(&bb, 1).await;
+        let long = "v".repeat(70_000);
+        let value = Metadata::new().with("k", long.as_str());
+        a.publish_with("m/value", Bytes::from_static(b"x"), value)
+            .unwrap();
+        let key = Metadata::new().with(long.as_str(), "v");
+        a.publish_with("m/key", Bytes::from_static(b"x"), key)
+            .unwrap();
+        let fits = Metadata::new().with("k", "v".repeat(65_535));
+        a.publish_with("m/after", Bytes::from_static(b"x"), fits)
+            .unwrap();
+        until(
+            || seen.len() == 1,
+            || format!("{:?} {:?}", ba.stats(), bb.stats()),
+        )
+        .await;
+        assert_eq!(seen.topics(), ["m/after"]);
+        let sa = ba.stats();
+        assert_eq!(
+            (sa.sent, sa.dropped),
+            (1, 2),
+            "both refused, counted: {sa:?}"
+        );
+        assert_eq!(
+            (sa.reconnects, bb.stats().reconnects),
+            (0, 0),
+            "no connection lost"
+        );
+    })
+    .await;
+}

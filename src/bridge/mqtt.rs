@@ -19,6 +19,10 @@
 //!   of its own: the event loop is never polled by a task that waits on the
 //!   client's request channel, and never waits on it itself).
 //! - QoS 0: at most once, as the NATS transport.
+//! - A message MQTT cannot carry is refused before it reaches the client,
+//!   and counted as dropped: a packet over [`MAX_PACKET`], or a topic or
+//!   metadata key or value over [`MAX_STRING`] bytes (rumqttc would write
+//!   its length truncated, and the broker close the connection).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,6 +50,10 @@ pub(crate) const ORIGIN_PROPERTY: &str = "blazesub-origin";
 /// allowed up to this, and larger outgoing ones are refused and counted
 /// before they reach the client.
 const MAX_PACKET: u32 = 1 << 20;
+
+/// The longest string MQTT can carry (its length is a u16): topic names,
+/// and each user property's key and value.
+const MAX_STRING: usize = u16::MAX as usize;
 
 /// One filter's upstream subscription and who receives its messages.
 struct Entry {
@@ -318,6 +326,16 @@ impl Transport for Mqtt {
             let mut user_properties = vec![(ORIGIN_PROPERTY.to_owned(), self.origin.clone())];
             if let Some(metadata) = &message.metadata {
                 user_properties.extend(metadata.iter().map(|(k, v)| (k.to_owned(), v.to_owned())));
+            }
+            // rumqttc writes each string's length as a u16 without checking
+            // it: a longer one makes a malformed packet, and the broker
+            // closes the connection.
+            let strings = std::iter::once(&*message.topic)
+                .chain(user_properties.iter().flat_map(|(k, v)| [&**k, &**v]));
+            if let Some(long) = strings.map(str::len).find(|&len| len > MAX_STRING) {
+                return Err(SendError::Refused(format!(
+                    "a string of {long} bytes (topic, metadata key or value) is over MQTT's limit of {MAX_STRING}"
+                )));
             }
             let size = message.payload.len()
                 + message.topic.len()
