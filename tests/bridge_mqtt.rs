@@ -331,6 +331,30 @@ async fn large_payloads_cross_and_oversized_ones_are_refused_not_fatal() {
     .await;
 }
 
+/// After `close` the bridge stays closed: its event loop ends instead of
+/// reconnecting (rumqttc reconnects whenever it is polled), so a new client
+/// with the same client id is not pushed off the broker by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_stays_closed() {
+    let broker = Mosquitto::start();
+    limit(60, async {
+        let a = inline_bus::<Bytes>();
+        let first = node(&a, &broker.url(), "a", &["x/#"], &[]).await;
+        first.close().await.unwrap();
+        let second = node(&a, &broker.url(), "a", &["x/#"], &[]).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (s1, s2) = (first.stats(), second.stats());
+        assert_eq!(s1.reconnects, 0, "the closed bridge reconnected: {s1:?}");
+        assert!(!s1.connected, "{s1:?}");
+        assert_eq!(
+            s2.reconnects, 0,
+            "pushed off by its closed namesake: {s2:?}"
+        );
+        second.close().await.unwrap();
+    })
+    .await;
+}
+
 /// MQTT strings carry a u16 length, and rumqttc writes a longer one
 /// truncated (a malformed packet: the broker closes the connection). A
 /// metadata value or key over 65,535 bytes, fine on the bus and far under

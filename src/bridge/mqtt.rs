@@ -18,6 +18,9 @@
 //!   bridge subscribes again to everything in its own table (from a task
 //!   of its own: the event loop is never polled by a task that waits on the
 //!   client's request channel, and never waits on it itself).
+//! - **Closing ends the event loop**: `close` sends DISCONNECT after what
+//!   the client has queued, and the event-loop task ends once it is written
+//!   (or at once if the connection is down); nothing reconnects afterwards.
 //! - QoS 0: at most once, as the NATS transport.
 //! - A message MQTT cannot carry is refused before it reaches the client,
 //!   and counted as dropped: a packet over [`MAX_PACKET`], or a topic or
@@ -32,6 +35,7 @@ use std::time::Duration;
 use rumqttc::v5::mqttbytes::v5::{Filter, Packet, PublishProperties, SubscribeProperties};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
+use rumqttc::Outgoing as Written;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
@@ -72,12 +76,16 @@ struct Shared {
     client: AsyncClient,
     table: Mutex<Table>,
     connected: AtomicBool,
+    /// `close` has begun: the event loop ends at the DISCONNECT or the next
+    /// error instead of reconnecting.
+    closing: AtomicBool,
 }
 
 pub(crate) struct Mqtt {
     shared: Arc<Shared>,
     origin: String,
-    event_loop: JoinHandle<()>,
+    /// Taken by `close`, which waits for the loop to end.
+    event_loop: Mutex<Option<JoinHandle<()>>>,
 }
 
 pub(crate) struct Settings {
@@ -120,6 +128,7 @@ impl Mqtt {
             client,
             table: Mutex::new(Table::default()),
             connected: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
         });
         let event_loop = tokio::spawn(run_event_loop(
             event_loop,
@@ -132,23 +141,35 @@ impl Mqtt {
         Ok(Self {
             shared,
             origin: settings.origin,
-            event_loop,
+            event_loop: Mutex::new(Some(event_loop)),
         })
     }
 }
 
 impl Drop for Mqtt {
     fn drop(&mut self) {
-        self.event_loop.abort();
+        let event_loop = self.event_loop.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(event_loop) = event_loop.take() {
+            event_loop.abort();
+        }
     }
+}
+
+fn lock_loop(
+    event_loop: &Mutex<Option<JoinHandle<()>>>,
+) -> std::sync::MutexGuard<'_, Option<JoinHandle<()>>> {
+    event_loop.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn lock(table: &Mutex<Table>) -> std::sync::MutexGuard<'_, Table> {
     table.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Polls the event loop forever: counts connections, paces reconnects,
-/// resubscribes after each ConnAck, hands publishes to their targets.
+/// Polls the event loop until `close`: counts connections, paces
+/// reconnects, resubscribes after each ConnAck, hands publishes to their
+/// targets. rumqttc reconnects whenever it is polled after an error, so
+/// once `close` has begun this returns at the DISCONNECT it wrote (all
+/// queued publishes went before it) or at the first error.
 async fn run_event_loop(
     mut event_loop: EventLoop,
     shared: Weak<Shared>,
@@ -178,7 +199,15 @@ async fn run_event_loop(
             Ok(Event::Incoming(Packet::Disconnect(_))) => {
                 shared.connected.store(false, Ordering::Release);
             }
+            Ok(Event::Outgoing(Written::Disconnect)) if shared.closing.load(Ordering::Acquire) => {
+                shared.connected.store(false, Ordering::Release);
+                return;
+            }
             Ok(_) => {}
+            Err(_) if shared.closing.load(Ordering::Acquire) => {
+                shared.connected.store(false, Ordering::Release);
+                return;
+            }
             Err(error) => {
                 if shared.connected.swap(false, Ordering::AcqRel) {
                     tracing::warn!(%error, "bridge disconnected from the MQTT broker; reconnecting");
@@ -412,8 +441,27 @@ impl Transport for Mqtt {
 
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            let _ =
-                tokio::time::timeout(Duration::from_secs(2), self.shared.client.disconnect()).await;
+            self.shared.closing.store(true, Ordering::Release);
+            let event_loop = lock_loop(&self.event_loop).take();
+            let Some(mut event_loop) = event_loop else {
+                return;
+            };
+            // Disconnected, there is no DISCONNECT to send and nothing
+            // queued can go out: the loop would only reconnect.
+            if self.connected() {
+                let sent = async {
+                    let _ = self.shared.client.disconnect().await;
+                    let _ = (&mut event_loop).await;
+                };
+                if tokio::time::timeout(Duration::from_secs(2), sent)
+                    .await
+                    .is_ok()
+                {
+                    return;
+                }
+            }
+            event_loop.abort();
+            self.shared.connected.store(false, Ordering::Release);
         })
     }
 }
