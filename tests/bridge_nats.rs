@@ -700,3 +700,41 @@ async fn headers_count_against_the_servers_max_payload() {
     })
     .await;
 }
+
+/// Messages the bus put in an export tap that the export task had not read
+/// yet when `close` ran are sent (the connection is up), and what the tap
+/// dropped before that is counted: every accepted export ends up in `sent`
+/// or `dropped`. (On this single-threaded runtime the export task does not
+/// run between the publishes and `close`.)
+#[tokio::test]
+async fn close_sends_or_counts_what_the_export_taps_still_hold() {
+    let server = NatsServer::start();
+    limit(60, async {
+        let a = inline_bus::<Bytes>();
+        let ba = node(&a, &server.url(), "a", &["c/#"], &[]).await;
+        for n in 0..500 {
+            a.publish(&format!("c/{n}"), Bytes::from_static(b"x"))
+                .unwrap();
+        }
+        ba.close().await.unwrap();
+        let s = ba.stats();
+        assert_eq!((s.sent, s.dropped), (500, 0), "{s:?}");
+
+        // A tap of 100 kept the newest 100 and lost 400.
+        let small = start_node(
+            Bridge::builder(&a).nats(server.url()).export_buffer(100),
+            "small",
+            &["c/#"],
+            &[],
+        )
+        .await;
+        for n in 0..500 {
+            a.publish(&format!("c/{n}"), Bytes::from_static(b"x"))
+                .unwrap();
+        }
+        small.close().await.unwrap();
+        let s = small.stats();
+        assert_eq!((s.sent, s.dropped), (100, 400), "{s:?}");
+    })
+    .await;
+}

@@ -12,6 +12,14 @@
 //! While the connection is down, messages wait in an outgoing buffer of
 //! `outgoing_buffer` messages (the oldest dropped and counted beyond that),
 //! sent in order once the connection is back.
+//!
+//! # Closing
+//! On stop, each tap is closed (a publish from then on is refused by it,
+//! and counted as lost), and what it still holds is taken: sent if the
+//! connection is up, else counted as dropped; then the taps' final
+//! `lost()` growth is added. A publish that passed the tap's closed check
+//! an instant before the close but lands after the last read is the one
+//! loss this cannot see.
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -89,11 +97,7 @@ impl<T: Send + Sync + 'static> Exporter<T> {
                 Next::Flush => self.flush(&mut outbox).await,
                 Next::Message(i, message) => {
                     next_tap = (i + 1) % self.taps.len();
-                    let lost = self.taps[i].lost();
-                    if lost > lost_seen[i] {
-                        Counters::add(&self.stats.dropped, lost - lost_seen[i]);
-                        lost_seen[i] = lost;
-                    }
+                    self.count_lost(i, &mut lost_seen);
                     if let Some(outgoing) = self.outgoing(i, &message) {
                         self.push(&mut outbox, outgoing);
                         self.flush(&mut outbox).await;
@@ -101,11 +105,32 @@ impl<T: Send + Sync + 'static> Exporter<T> {
                 }
             }
         }
-        // Closing: send what can still go out.
+        // Closing: what the taps hold was accepted; send it or count it.
+        for i in 0..self.taps.len() {
+            self.taps[i].close_tap();
+            while let Ok(message) = self.taps[i].try_recv() {
+                if let Some(outgoing) = self.outgoing(i, &message) {
+                    self.push(&mut outbox, outgoing);
+                    if self.transport.connected() {
+                        self.flush(&mut outbox).await;
+                    }
+                }
+            }
+            self.count_lost(i, &mut lost_seen);
+        }
         if self.transport.connected() {
             self.flush(&mut outbox).await;
         }
         Counters::add(&self.stats.dropped, outbox.len() as u64);
+    }
+
+    /// Adds tap `i`'s losses since the last look to `dropped`.
+    fn count_lost(&self, i: usize, lost_seen: &mut [u64]) {
+        let lost = self.taps[i].lost();
+        if lost > lost_seen[i] {
+            Counters::add(&self.stats.dropped, lost - lost_seen[i]);
+            lost_seen[i] = lost;
+        }
     }
 
     /// The message to send for a tap's delivery, if this tap owns it.

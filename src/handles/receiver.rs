@@ -230,6 +230,13 @@ impl<T> Receiver<T> {
         self.entry.sink.unreserved_room()
     }
 
+    /// Closes a bridge's export tap: pushes from now on are refused (and
+    /// counted in `lost`), and what is queued can still be read.
+    #[cfg(any(feature = "nats", feature = "mqtt"))]
+    pub(crate) fn close_tap(&self) {
+        self.entry.sink.close();
+    }
+
     /// The next message if one is queued, without waiting.
     pub fn try_recv(&mut self) -> Result<Arc<Message<T>>, TryRecvError> {
         if self.terminated {
