@@ -701,12 +701,14 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// A hidden stream subscription on `filter` for a bridge's exports: it
     /// is not interest (no bridge subscribes upstream for it) and is not
     /// counted in [`Self::subscriptions_count`]. Drops the oldest message
-    /// when full, counted in its `lost()`.
+    /// when full; its `lost()` counts only the dropped messages `owns`
+    /// accepts (the ones this tap would have sent).
     #[cfg(any(feature = "nats", feature = "mqtt"))]
     pub(crate) fn subscribe_tap(
         &self,
         filter: &str,
         capacity: usize,
+        owns: crate::registry::mailbox::Owns<T>,
     ) -> Result<Receiver<T>, Error> {
         validate_filter(filter)?;
         self.check_open()?;
@@ -717,7 +719,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
             .insert_tap(filter, |filter| {
                 let entry = Arc::new(Subscriber::new(
                     id,
-                    Mailbox::with_overflow(capacity.max(1), StreamOverflow::DropOldest),
+                    Mailbox::with_overflow(capacity.max(1), StreamOverflow::DropOldest)
+                        .owning(owns),
                 ));
                 made = Some((Arc::clone(&entry), filter));
                 entry

@@ -738,3 +738,39 @@ async fn close_sends_or_counts_what_the_export_taps_still_hold() {
     })
     .await;
 }
+
+/// Overlapping export filters (`a/#` and `#`) put a message in both taps,
+/// but only the first sends it: a tap's overflow counts only the messages
+/// it would have sent, so each loss is counted once and no sent message as
+/// lost. (Single-threaded runtime: the export task reads nothing until the
+/// publishes are done, so each tap keeps only its newest message.)
+#[tokio::test]
+async fn overlapping_exports_count_each_loss_once() {
+    let server = NatsServer::start();
+    limit(60, async {
+        let a = inline_bus::<Bytes>();
+        let ba = start_node(
+            Bridge::builder(&a).nats(server.url()).export_buffer(1),
+            "a",
+            &["a/#", "#"],
+            &[],
+        )
+        .await;
+        for _ in 0..200 {
+            a.publish("a/x", Bytes::from_static(b"x")).unwrap();
+        }
+        // Only `#` sends these; its tap also lost every `a/x` above.
+        for _ in 0..200 {
+            a.publish("b/y", Bytes::from_static(b"y")).unwrap();
+        }
+        until(
+            || ba.stats().sent + ba.stats().dropped >= 400,
+            || format!("{:?}", ba.stats()),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let s = ba.stats();
+        assert_eq!((s.sent, s.dropped), (2, 398), "{s:?}");
+    })
+    .await;
+}

@@ -5,21 +5,32 @@
 //! drops its oldest message when the export task falls behind; so a local
 //! publisher never waits for the network, and what the tap drops is
 //! counted. One task reads every tap, encodes, and sends. A topic matched
-//! by several export filters goes out once, through the first of them (so
-//! the messages of one topic keep their order through one tap). Messages
-//! that came in through a bridge are never sent out again.
+//! by several export filters goes out once, through the first of them, its
+//! *owning* tap (so the messages of one topic keep their order through one
+//! tap). Messages that came in through a bridge are never sent out again.
 //!
 //! While the connection is down, messages wait in an outgoing buffer of
 //! `outgoing_buffer` messages (the oldest dropped and counted beyond that),
 //! sent in order once the connection is back.
 //!
+//! # Counting losses once
+//! Overlapping export filters (`a/#` and `#`) put one message in several
+//! taps, and each tap drops from its own mailbox independently. Only the
+//! *owning* tap (the first export filter matching the topic) ever sends a
+//! message, so the message is lost exactly when its owning tap drops it:
+//! each tap's `lost()` counts only the messages it owns (the mailbox asks
+//! [`owner`] about each message it drops, in the push that drops it: a
+//! publish that drops nothing never asks), and a copy another tap owns, or
+//! an imported message (never sent), is no loss wherever it goes. So every accepted export ends up counted once, in
+//! `sent` or `dropped`.
+//!
 //! # Closing
 //! On stop, each tap is closed (a publish from then on is refused by it,
-//! and counted as lost), and what it still holds is taken: sent if the
-//! connection is up, else counted as dropped; then the taps' final
-//! `lost()` growth is added. A publish that passed the tap's closed check
-//! an instant before the close but lands after the last read is the one
-//! loss this cannot see.
+//! and counted as lost if the tap owns it), and what it still holds is
+//! taken: sent if the connection is up, else counted as dropped; then the
+//! taps' final `lost()` growth is added. A publish that passed the tap's
+//! closed check an instant before the close but lands after the last read
+//! is the one loss this cannot see.
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -36,6 +47,7 @@ use super::stats::Counters;
 use super::transport::{Outgoing, SendError, Transport};
 use crate::handles::Receiver;
 use crate::message::Message;
+use crate::registry::mailbox::Owns;
 use crate::topic::matches;
 
 pub(crate) struct Exporter<T> {
@@ -135,13 +147,10 @@ impl<T: Send + Sync + 'static> Exporter<T> {
 
     /// The message to send for a tap's delivery, if this tap owns it.
     fn outgoing(&self, tap: usize, message: &Message<T>) -> Option<Outgoing> {
-        if message.is_imported() {
+        if !owns(&self.exports, tap, message) {
             return None;
         }
         let topic = message.topic();
-        if self.exports[..tap].iter().any(|e| matches(e, topic)) {
-            return None;
-        }
         match self.codec.encode(message.data()) {
             Ok(payload) => Some(Outgoing {
                 topic: Arc::from(topic),
@@ -184,6 +193,20 @@ impl<T: Send + Sync + 'static> Exporter<T> {
             }
         }
     }
+}
+
+/// Whether tap number `tap` (of the export filters `exports`, in order) is
+/// the one that sends `message`: no earlier export filter matches its
+/// topic, and it did not come in through a bridge. Called for the tap's
+/// messages only, which match its own filter.
+fn owns<T>(exports: &[Arc<str>], tap: usize, message: &Message<T>) -> bool {
+    !message.is_imported() && !exports[..tap].iter().any(|e| matches(e, message.topic()))
+}
+
+/// [`owns`] for tap number `tap`, as its mailbox asks it about each message
+/// it drops: its losses then count only what it would have sent.
+pub(crate) fn owner<T: 'static>(exports: Arc<[Arc<str>]>, tap: usize) -> Owns<T> {
+    Box::new(move |message| owns(&exports, tap, message))
 }
 
 enum Next<T> {

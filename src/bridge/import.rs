@@ -241,7 +241,7 @@ mod tests {
         assert_eq!(start.iter().map(|f| &**f).collect::<Vec<_>>(), ["a/b"]);
 
         // A tap is not interest, and is no subscription of the bus.
-        let tap = bus.subscribe_tap("x/#", 4).unwrap();
+        let tap = bus.subscribe_tap("x/#", 4, Box::new(|_| true)).unwrap();
         assert_eq!(bus.subscriptions_count(), 1);
         let first = bus.subscribe("x/#", |_| {}).unwrap();
         let second = bus.subscribe("x/#", |_| {}).unwrap();
@@ -280,7 +280,7 @@ mod tests {
             })
             .unwrap();
         let _plus = bus.subscribe("a/+", |_| panic!("not this filter")).unwrap();
-        let mut tap = bus.subscribe_tap("a/#", 4).unwrap();
+        let mut tap = bus.subscribe_tap("a/#", 4, Box::new(|_| true)).unwrap();
         assert_eq!(bus.deliver_imported("a/#", "a/x", 1, None).unwrap(), 2);
         assert_eq!(hits.load(std::sync::atomic::Ordering::Relaxed), 1);
         // The tap sees it, marked imported (so the exporter skips it).

@@ -236,8 +236,9 @@ impl Bridge {
 
         // Exports: one hidden tap per filter, read by one task.
         let mut taps = Vec::with_capacity(exports.len());
-        for filter in exports.iter() {
-            taps.push(bus.subscribe_tap(filter, builder.export_buffer)?);
+        for (i, filter) in exports.iter().enumerate() {
+            let owner = export::owner(Arc::clone(&exports), i);
+            taps.push(bus.subscribe_tap(filter, builder.export_buffer, owner)?);
         }
         if !taps.is_empty() {
             let stop = Arc::new(Notify::new());

@@ -3,7 +3,8 @@
 //!
 //! # Contract
 //! - **Bounded, drop-oldest**: a push into a full mailbox displaces the
-//!   oldest message and counts it in `lost`. A push never blocks and runs no
+//!   oldest message and counts it in `lost` (a bridge's export tap counts
+//!   only the messages it would have sent; see `Mailbox::owns`). A push never blocks and runs no
 //!   user code, so publishers do it themselves, in publish order.
 //! - **Closing** (the bus closed or dropped) refuses further pushes (each
 //!   counted as lost); the reader still drains what is queued, then sees the
@@ -97,7 +98,14 @@ pub(crate) struct Mailbox<T> {
     running: Option<Arc<Running>>,
     /// Messages pushed out by newer ones, or refused because it was closed.
     lost: AtomicU64,
+    /// A bridge's export tap only: which of the messages it drops count in
+    /// `lost` (those the tap would have sent; see `bridge/export.rs`). Only
+    /// a push that drops something reads it.
+    owns: Option<Owns<T>>,
 }
+
+/// Which messages a mailbox's losses count (see `Mailbox::owns`).
+pub(crate) type Owns<T> = Box<dyn Fn(&Message<T>) -> bool + Send + Sync>;
 
 impl<T> Mailbox<T> {
     /// A drop-oldest mailbox of `capacity` messages.
@@ -128,6 +136,25 @@ impl<T> Mailbox<T> {
             handed_over: AtomicBool::new(false),
             retained_after: 0,
             running: None,
+            owns: None,
+        }
+    }
+
+    /// Counts in `lost` only the dropped messages `owns` accepts (a
+    /// bridge's export tap: a message another tap sends is no loss).
+    #[cfg_attr(not(any(feature = "nats", feature = "mqtt")), allow(dead_code))]
+    pub(crate) fn owning(self, owns: Owns<T>) -> Self {
+        Self {
+            owns: Some(owns),
+            ..self
+        }
+    }
+
+    /// Counts `message`, which this mailbox dropped, in `lost`.
+    fn lose(&self, message: &Message<T>) {
+        if self.owns.as_ref().is_none_or(|owns| owns(message)) {
+            // Release: a reader that sees the count also sees the push.
+            self.lost.fetch_add(1, Ordering::Release);
         }
     }
 
@@ -194,7 +221,7 @@ impl<T> Mailbox<T> {
             };
         }
         if self.closed.load(Ordering::Acquire) {
-            self.lost.fetch_add(1, Ordering::Release);
+            self.lose(&message);
             return Pushed {
                 dropped: 1,
                 disconnected: false,
@@ -204,7 +231,13 @@ impl<T> Mailbox<T> {
         let mut dropped = 0;
         let mut disconnected = false;
         let refused = match self.overflow {
-            StreamOverflow::DropOldest => self.queue.force_push(message).is_some(),
+            StreamOverflow::DropOldest => match self.queue.force_push(message) {
+                Some(oldest) => {
+                    self.lose(&oldest);
+                    true
+                }
+                None => false,
+            },
             StreamOverflow::DropNewest => self.queue.push(message).is_err(),
             StreamOverflow::Disconnect => {
                 let refused = self.queue.push(message).is_err();
@@ -223,8 +256,10 @@ impl<T> Mailbox<T> {
             }
         };
         if refused {
-            // Release: a reader that sees the count also sees the push.
-            self.lost.fetch_add(1, Ordering::Release);
+            if self.overflow != StreamOverflow::DropOldest {
+                // Release: a reader that sees the count also sees the push.
+                self.lost.fetch_add(1, Ordering::Release);
+            }
             dropped = 1;
         }
         // Pairs with the fence in `reader_dropped`: either that drain sees
