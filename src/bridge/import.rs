@@ -16,7 +16,9 @@
 //! to `L`'s subscribers only (never to other filters', which have their own
 //! upstream subscriptions: a broker sends one copy per matching
 //! subscription), and only if `I` is the first import that matches its
-//! topic (so overlapping imports do not deliver it twice).
+//! topic (so overlapping imports do not deliver it twice). A message whose
+//! local filter has no subscriber left by the time it is delivered reached
+//! nobody and is not counted as received.
 
 use std::sync::{Arc, Mutex};
 
@@ -126,6 +128,9 @@ impl<T: Send + Sync + 'static> Importer<T> {
             .bus
             .deliver_imported(filter, &topic, value, message.metadata)
         {
+            Ok(0) => {
+                tracing::debug!(%topic, "bridge: an import whose local subscribers all left; not delivered");
+            }
             Ok(_) => Counters::add(&self.stats.received, 1),
             Err(error) => {
                 Counters::add(&self.stats.dropped, 1);
@@ -264,6 +269,39 @@ mod tests {
         bus.inner.trie.unwatch(&watcher);
         let _after = bus.subscribe("y", |_| {}).unwrap();
         assert_eq!(log.0.lock().unwrap().len(), 5, "unwatched");
+    }
+
+    /// An import whose local filter lost its last subscriber before the
+    /// delivery reached nobody: it is not counted as received.
+    #[test]
+    fn an_import_that_reaches_no_subscriber_is_not_received() {
+        let bus = Bus::<u32>::builder()
+            .delivery(DeliveryMode::Inline)
+            .build()
+            .unwrap();
+        let importer = Importer {
+            bus: bus.clone(),
+            imports: vec![Arc::<str>::from("a/#")].into(),
+            codec: Arc::new(crate::bridge::Json),
+            stats: Arc::default(),
+            origin: Arc::from("here"),
+            import_buffer: 4,
+        };
+        let incoming = || Incoming {
+            topic: Some("a/x".into()),
+            raw_subject: "a.x".into(),
+            payload: bytes::Bytes::from_static(b"1"),
+            metadata: None,
+            origin: Some("there".into()),
+        };
+        let received = |i: &Importer<u32>| i.stats.received.load(Ordering::Relaxed);
+        let sub = bus.subscribe("a/#", |_| {}).unwrap();
+        importer.deliver("a/#", 0, incoming());
+        assert_eq!(received(&importer), 1);
+        drop(sub);
+        importer.deliver("a/#", 0, incoming());
+        assert_eq!(received(&importer), 1);
+        assert_eq!(importer.stats.dropped.load(Ordering::Relaxed), 0);
     }
 
     #[test]
