@@ -774,3 +774,52 @@ async fn overlapping_exports_count_each_loss_once() {
     })
     .await;
 }
+
+/// Once `close` has returned, imports stop reaching local subscribers (at
+/// most the delivery in progress finishes), and what was still queued for
+/// local delivery is counted as dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_stops_import_deliveries_and_counts_what_was_queued() {
+    let server = NatsServer::start();
+    limit(60, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let _ba = node(&a, &server.url(), "a", &["q/#"], &[]).await;
+        let bb = node(&b, &server.url(), "b", &[], &["q/#"]).await;
+        let handled = Arc::new(AtomicU64::new(0));
+        let h = Arc::clone(&handled);
+        // An Inline handler that blocks: deliveries queue up behind it.
+        let _s = b
+            .subscribe("q/+", move |_| {
+                std::thread::sleep(Duration::from_millis(20));
+                h.fetch_add(1, Ordering::Relaxed);
+            })
+            .unwrap();
+        let monitor = server_ref(&server);
+        eventually("b subscribed upstream", move || {
+            subscriptions_of(&monitor, "b") == 1
+        })
+        .await;
+        for n in 0..100 {
+            a.publish(&format!("q/{n}"), Bytes::from_static(b"x"))
+                .unwrap();
+        }
+        until(
+            || handled.load(Ordering::Relaxed) >= 5,
+            || format!("{:?}", bb.stats()),
+        )
+        .await;
+        bb.close().await.unwrap();
+        let at_close = handled.load(Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let after = handled.load(Ordering::Relaxed);
+        assert!(
+            after <= at_close + 1,
+            "{} deliveries after close returned",
+            after - at_close
+        );
+        let s = bb.stats();
+        assert_eq!(s.received, after, "{s:?}");
+        assert_eq!(s.received + s.dropped, 100, "delivered or counted: {s:?}");
+    })
+    .await;
+}

@@ -16,14 +16,17 @@
 //! to `L`'s subscribers only (never to other filters', which have their own
 //! upstream subscriptions: a broker sends one copy per matching
 //! subscription), and only if `I` is the first import that matches its
-//! topic (so overlapping imports do not deliver it twice). A message whose
-//! local filter has no subscriber left by the time it is delivered reached
-//! nobody and is not counted as received.
+//! topic (so overlapping imports do not deliver it twice).
+//!
+//! When the bridge closes, the delivery tasks stop after the delivery in
+//! progress, and what their queues still hold is counted as dropped; a
+//! message whose local filter has no subscriber left by the time it is
+//! delivered reached nobody and is not counted as received.
 
 use std::sync::{Arc, Mutex};
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 
 use super::codec::Codec;
 use super::mapping::intersect;
@@ -88,6 +91,8 @@ pub(crate) struct Importer<T> {
     /// Messages queued per local filter before they are dropped as a slow
     /// consumer.
     pub(crate) import_buffer: usize,
+    /// Set when the bridge stops: the delivery tasks end.
+    pub(crate) stopped: watch::Sender<bool>,
 }
 
 impl<T: Send + Sync + 'static> Importer<T> {
@@ -147,6 +152,9 @@ pub(crate) async fn reconcile<T: Send + Sync + 'static>(
     importer: Arc<Importer<T>>,
     stop: Arc<Notify>,
 ) {
+    // Also when this task is aborted (`Bridge`'s drop, or a close that
+    // timed out), not only when it returns.
+    let _stop_deliveries = StopDeliveries(&importer.stopped);
     let mut actual: FxHashMap<Arc<str>, Vec<Box<dyn Upstream>>> = FxHashMap::default();
     loop {
         for (filter, wanted) in table.take_changes() {
@@ -172,6 +180,15 @@ pub(crate) async fn reconcile<T: Send + Sync + 'static>(
         .stats
         .upstream_subscriptions
         .store(0, Ordering::Relaxed);
+}
+
+/// Ends the delivery tasks when dropped.
+struct StopDeliveries<'a>(&'a watch::Sender<bool>);
+
+impl Drop for StopDeliveries<'_> {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
+    }
 }
 
 /// The upstream subscriptions for local filter `filter`: one per import it
@@ -212,10 +229,24 @@ async fn subscribe_filter<T: Send + Sync + 'static>(
     drop(queue);
     let target = Arc::clone(importer);
     let local = Arc::clone(filter);
+    let mut stopped = importer.stopped.subscribe();
     tokio::spawn(async move {
-        while let Some((index, message)) = incoming.recv().await {
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = stopped.wait_for(|&stopped| stopped) => break,
+                next = incoming.recv() => next,
+            };
+            let Some((index, message)) = next else { break };
             target.deliver(&local, index, message);
         }
+        // Stopped: these came in but will never reach a subscriber.
+        incoming.close();
+        let mut left = 0;
+        while incoming.try_recv().is_ok() {
+            left += 1;
+        }
+        Counters::add(&target.stats.dropped, left);
     });
     held
 }
@@ -286,6 +317,7 @@ mod tests {
             stats: Arc::default(),
             origin: Arc::from("here"),
             import_buffer: 4,
+            stopped: watch::channel(false).0,
         };
         let incoming = || Incoming {
             topic: Some("a/x".into()),

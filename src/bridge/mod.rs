@@ -277,6 +277,7 @@ impl Bridge {
                 stats: Arc::clone(&stats),
                 origin: Arc::from(origin.as_str()),
                 import_buffer: builder.import_buffer,
+                stopped: tokio::sync::watch::channel(false).0,
             });
             let stop = Arc::new(Notify::new());
             tasks.push(tokio::spawn(import::reconcile(
@@ -307,8 +308,11 @@ impl Bridge {
     }
 
     /// Stops the bridge: no more exports or imports; sends what the export
-    /// task still holds if connected, removes the upstream subscriptions
-    /// and closes the connection (each step bounded by a few seconds).
+    /// taps and task still hold if connected (else counts it as dropped),
+    /// counts imports still waiting for local delivery as dropped (no
+    /// local subscriber gets an import after this returns, but for one
+    /// delivery in progress), removes the upstream subscriptions and
+    /// closes the connection (each step bounded by a few seconds).
     /// Calling it again does nothing.
     ///
     /// Cancel-safe: the closing runs as a task of the bridge's runtime, so

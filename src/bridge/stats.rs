@@ -22,7 +22,8 @@ pub struct BridgeStats {
     /// Messages lost, each counted once: exports that overflowed the export
     /// buffer or the outgoing buffer while disconnected, that could not be
     /// encoded or sent, or were too big for the engine; imports the engine
-    /// or client dropped for a slow consumer, or the local bus refused.
+    /// or client dropped for a slow consumer, the local bus refused, or
+    /// that still waited for local delivery when the bridge closed.
     pub dropped: u64,
     /// Remote payloads (or subjects) that could not be decoded; each is
     /// also logged with its topic.
