@@ -24,9 +24,10 @@
 //! Every handler (and every rumqttd reader) adds one to a shared
 //! `AtomicU64`; "end to end" stops the clock when that count shows every
 //! subscriber received every message. The seed's own figures are
-//! publish-call only (Go's timer stops when `Publish` returns); the
-//! `*_call` benchmarks measure that, with the deliveries of each burst or
-//! round drained, untimed, before the next. B/op and allocs/op are counted
+//! publish-call only (Go's timer stops when `Publish` returns); the time
+//! spent inside the publish calls is summed during the same end-to-end
+//! criterion iterations and reported beside them (there are no separate
+//! benchmarks for it). B/op and allocs/op are counted
 //! end to end on every thread by the counting allocator.
 //!
 //! Outside criterion, a pass measures concurrent publishing with 1, 2, 4 and
