@@ -144,7 +144,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 requests: Requests::new(),
                 policy: Policy::new(&config),
                 routes: RouteCache::new(config.route_cache_capacity),
-                trie: Arc::new(Trie::with_quiescence(quiescence)),
+                trie: Arc::new(Trie::new()),
                 env,
                 dispatcher,
                 next_id: AtomicU64::new(1),
@@ -292,7 +292,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ) -> Subscription {
         let trie = Arc::downgrade(&self.inner.trie);
         let registry: std::sync::Weak<dyn Registry> = trie;
-        Subscription::new(entry, filter, registry, kind)
+        let quiescence = Arc::clone(&self.inner.env.quiescence);
+        Subscription::new(entry, filter, registry, quiescence, kind)
     }
 
     /// Subscribes an *ordered* handler: its calls never overlap, and each

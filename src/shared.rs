@@ -503,10 +503,6 @@ impl<T: Send + Sync + 'static> Registry for SharedGroups<T> {
         true
     }
 
-    fn quiescence(&self) -> Arc<crate::registry::quiesce::Quiescence> {
-        Arc::clone(&self.env.quiescence)
-    }
-
     fn compact(&self, _filter: &str, _kind: Kind) {}
 }
 
@@ -714,6 +710,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ) -> Subscription {
         let shared = Arc::downgrade(&self.inner.shared);
         let registry: Weak<dyn Registry> = shared;
-        Subscription::new(entry, filter, registry, kind)
+        let quiescence = Arc::clone(&self.inner.env.quiescence);
+        Subscription::new(entry, filter, registry, quiescence, kind)
     }
 }

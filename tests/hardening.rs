@@ -593,6 +593,41 @@ fn a_handler_waiting_on_its_own_unsubscribe_does_not_deadlock() {
     }
 }
 
+/// With the last `Bus` handle dropped while a pool worker is inside the
+/// handler, `unsubscribe_and_wait` still waits for that call: the worker
+/// outlives the bus's handles, and so does what the wait watches.
+#[test]
+fn unsubscribe_and_wait_after_the_bus_is_dropped_waits_for_a_running_call() {
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::WorkerPool)
+        .workers(2)
+        .build()
+        .unwrap();
+    let inside = Arc::new(AtomicU64::new(0));
+    let entered = Arc::new(common::Countdown::new());
+    let sub = {
+        let (inside, entered) = (Arc::clone(&inside), Arc::clone(&entered));
+        bus.subscribe("slow", move |_| {
+            inside.fetch_add(1, Ordering::SeqCst);
+            entered.arrive();
+            std::thread::sleep(Duration::from_millis(300));
+            inside.fetch_sub(1, Ordering::SeqCst);
+        })
+        .unwrap()
+    };
+    bus.publish("slow", 1).unwrap();
+    assert!(entered.wait_for(1, LIMIT));
+    drop(bus);
+    within(LIMIT, "unsubscribe_and_wait", move || {
+        common::block_on(sub.unsubscribe_and_wait())
+    });
+    assert_eq!(
+        inside.load(Ordering::SeqCst),
+        0,
+        "returned while the handler was still running"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // 10. A refused publish hands the value back.
 // ---------------------------------------------------------------------------

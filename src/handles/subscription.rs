@@ -21,12 +21,16 @@
 //!   handler closure is dropped. [`detach`](Subscription::detach) keeps it
 //!   for the life of the bus.
 //! - The handle reaches its entry through `EntryControl` and its trie,
-//!   weakly, through `Registry`: it never keeps the bus alive.
+//!   weakly, through `Registry`: it never keeps the bus alive. It holds the
+//!   bus's [`Quiescence`] strongly (a few counters, no bus): a pool worker
+//!   or task may still be inside the handler after the last `Bus` handle is
+//!   dropped, and `unsubscribe_and_wait` must still wait for it.
 
 use std::fmt;
 use std::sync::{Arc, Weak};
 
 use crate::registry::entry::EntryControl;
+use crate::registry::quiesce::Quiescence;
 use crate::registry::{Kind, Registry};
 
 /// A live subscription. Dropping it unsubscribes.
@@ -57,6 +61,8 @@ pub struct Subscription {
     filter: Arc<str>,
     /// The trie it is in, weakly: a handle does not keep the bus alive.
     registry: Weak<dyn Registry>,
+    /// The bus's runners, strongly: they can outlive the bus's handles.
+    quiescence: Arc<Quiescence>,
     kind: Kind,
     armed: bool,
 }
@@ -66,12 +72,14 @@ impl Subscription {
         entry: Arc<dyn EntryControl>,
         filter: Arc<str>,
         registry: Weak<dyn Registry>,
+        quiescence: Arc<Quiescence>,
         kind: Kind,
     ) -> Self {
         Self {
             entry,
             filter,
             registry,
+            quiescence,
             kind,
             armed: true,
         }
@@ -162,17 +170,12 @@ impl Subscription {
             self.remove(true);
         }
         let running = self.entry.running();
-        // With the bus gone there is no grace period to wait for (only what
-        // its workers still had queued could run).
-        let quiescence = self
-            .registry
-            .upgrade()
-            .map(|registry| registry.quiescence());
+        // Waited for even with the bus gone: its workers and tasks may still
+        // be inside the handler (the flag is cleared, so none starts a call).
+        let quiescence = Arc::clone(&self.quiescence);
         drop(self);
         async move {
-            if let Some(quiescence) = quiescence {
-                quiescence.wait_for_readers().await;
-            }
+            quiescence.wait_for_readers().await;
             if let Some(running) = running {
                 running.wait_idle().await;
             }

@@ -71,7 +71,4 @@ pub(crate) trait Registry: Send + Sync {
     /// Rebuilds `filter`'s set of `kind` without its dead entries, so they
     /// are released now rather than at the next compaction.
     fn compact(&self, filter: &str, kind: Kind);
-    /// The bus's runners, for a handle that waits until none can still be
-    /// delivering to it.
-    fn quiescence(&self) -> std::sync::Arc<quiesce::Quiescence>;
 }

@@ -53,7 +53,6 @@ use smallvec::SmallVec;
 use super::entry::{EntryControl, Sink, Subscriber};
 use super::mailbox::Mailbox;
 use super::ordered_log::OrderedLog;
-use super::quiesce::Quiescence;
 use super::subset::{HandlerSet, StreamSet, SubSet};
 use super::{Kind, Registry};
 use crate::sync::{
@@ -347,8 +346,6 @@ pub(crate) fn topic_hash(topic: &str) -> u64 {
 }
 
 pub(crate) struct Trie<T> {
-    /// The bus's runners, for handles that wait for them.
-    quiescence: Arc<Quiescence>,
     root: ArcCell<Node<T>>,
     /// Changed by subscriptions whose filter has a wildcard.
     generation: AtomicU64,
@@ -368,15 +365,8 @@ pub(crate) enum InsertError {
 }
 
 impl<T: 'static> Trie<T> {
-    #[cfg(test)]
     pub(crate) fn new() -> Self {
-        Self::with_quiescence(Arc::new(Quiescence::new()))
-    }
-
-    /// A trie whose handles wait for the bus's runners through `quiescence`.
-    pub(crate) fn with_quiescence(quiescence: Arc<Quiescence>) -> Self {
         Self {
-            quiescence,
             root: ArcCell::new(Arc::new(Node::empty())),
             generation: AtomicU64::new(0),
             topic_epochs: (0..TOPIC_EPOCHS).map(|_| AtomicU64::new(0)).collect(),
@@ -813,10 +803,6 @@ impl<T: Send + Sync + 'static> Registry for Trie<T> {
             Kind::Handlers => Trie::compact::<Handlers>(self, filter),
             Kind::Streams | Kind::Tap => Trie::compact::<Streams>(self, filter),
         }
-    }
-
-    fn quiescence(&self) -> Arc<Quiescence> {
-        Arc::clone(&self.quiescence)
     }
 }
 
