@@ -628,6 +628,41 @@ fn unsubscribe_and_wait_after_the_bus_is_dropped_waits_for_a_running_call() {
     );
 }
 
+/// An async ordered handler's call is its `Fn` body as well as the future
+/// it returns: `unsubscribe_and_wait` waits for a body still running (its
+/// drain calls it as a runner, not before announcing itself).
+#[test]
+fn unsubscribe_and_wait_waits_for_an_async_ordered_handler_call() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = bus_on(mode, &rt);
+        let inside = Arc::new(AtomicU64::new(0));
+        let entered = Arc::new(common::Countdown::new());
+        let sub = {
+            let (inside, entered) = (Arc::clone(&inside), Arc::clone(&entered));
+            bus.subscribe_ordered_async("slow", move |_m| {
+                inside.fetch_add(1, Ordering::SeqCst);
+                entered.arrive();
+                std::thread::sleep(Duration::from_millis(300));
+                inside.fetch_sub(1, Ordering::SeqCst);
+                async {}
+            })
+            .unwrap()
+        };
+        bus.publish("slow", 1).unwrap();
+        assert!(entered.wait_for(1, LIMIT), "{mode:?}");
+        within(LIMIT, "unsubscribe_and_wait", move || {
+            common::block_on(sub.unsubscribe_and_wait())
+        });
+        assert_eq!(
+            inside.load(Ordering::SeqCst),
+            0,
+            "{mode:?}: returned while the handler was still running"
+        );
+        quiet(&bus);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // 10. A refused publish hands the value back.
 // ---------------------------------------------------------------------------

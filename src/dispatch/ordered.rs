@@ -12,8 +12,11 @@
 //!   left without a drain.
 //! - A drain is a task on the bus's runtime (within `max_inflight_tasks`
 //!   where there is room; a drain is never dropped for want of it). It
-//!   tracks the call in progress, so `unsubscribe_and_wait` waits for it as
-//!   for any async handler (its mailbox reports the tracker).
+//!   checks the subscription's flag and calls the handler as a runner
+//!   (inside `Quiescence::enter`), and tracks the returned future before it
+//!   leaves, so `unsubscribe_and_wait` waits for the whole call (the `Fn`
+//!   body, then the future) as for any async handler (its mailbox reports
+//!   the tracker), and no call starts after `unsubscribe` returned.
 //! - A slow ordered handler holds up only its own drain. Its mailbox is
 //!   bounded (the bus's `stream_capacity`); a message that does not fit is
 //!   dropped and counted.
@@ -100,10 +103,19 @@ impl<T: Send + Sync + 'static> Ordered<T> {
                         ..Tally::default()
                     },
                 };
-                if entry.is_active() {
+                // The flag check and the handler's `Fn` body run as a runner
+                // (inside a presence), and the future is tracked before it
+                // leaves: a grace period either sees this call, or it
+                // started after the flag was cleared and this sees that.
+                let tracked = {
+                    let _presence = self.env.quiescence.enter();
+                    entry
+                        .is_active()
+                        .then(|| self.running.track((self.handler)(Arc::clone(&message))))
+                };
+                if let Some(tracked) = tracked {
                     // Counted until it completes or is dropped.
-                    let call = (self.handler)(Arc::clone(&message));
-                    let tracked = std::pin::pin!(self.running.track(call));
+                    let tracked = std::pin::pin!(tracked);
                     let outcome = CatchUnwind(AssertUnwindSafe(tracked)).await;
                     settle.tally.dropped = 0;
                     match outcome {
