@@ -244,7 +244,10 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 what: "an async handler subscription",
             });
         }
-        self.add_handler(filter, AsyncSink::new(handler))
+        self.add_handler(
+            filter,
+            AsyncSink::new(handler, self.inner.env.quiescence.id()),
+        )
     }
 
     fn add_handler<S: Sink<T> + Tracked + 'static>(
@@ -905,7 +908,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         // What this call's own stack holds, if it comes from inside a
         // handler: it is not waited for (it cannot finish first).
         let own_tokens = crate::stats::tokens_here();
-        let own_deliveries = quiesce::held_here();
+        let own_deliveries = quiesce::held_here(&self.inner.env.quiescence);
         let inner = Arc::clone(&self.inner);
         inner.dispatcher.closing();
         let closing = Arc::downgrade(&self.inner);

@@ -1176,7 +1176,7 @@ fn loom_unsubscribe_and_wait_outlasts_an_async_delivery() {
 
     model(|| {
         let quiescence = Arc::new(Quiescence::new());
-        let running = Arc::new(Running::new());
+        let running = Arc::new(Running::new(quiescence.id()));
         let entry = Arc::new(Subscriber::<u32, ()>::new(0, ()));
         let waited = Arc::new(AtomicBool::new(false));
         let runner = {

@@ -663,6 +663,56 @@ fn unsubscribe_and_wait_waits_for_an_async_ordered_handler_call() {
     }
 }
 
+/// `unsubscribe_and_wait` on bus B, blocked on by a handler of bus A on a
+/// pool worker, waits for B's running call: A's runner on the waiting
+/// thread is not one of B's, so it does not stand in for B's call.
+#[test]
+fn unsubscribe_and_wait_from_another_buss_handler_waits() {
+    let pool = || {
+        Bus::<u32>::builder()
+            .delivery(DeliveryMode::WorkerPool)
+            .workers(2)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (pool(), pool());
+    let inside = Arc::new(AtomicU64::new(0));
+    let entered = Arc::new(common::Countdown::new());
+    let sub_b = {
+        let (inside, entered) = (Arc::clone(&inside), Arc::clone(&entered));
+        b.subscribe("slow", move |_| {
+            inside.fetch_add(1, Ordering::SeqCst);
+            entered.arrive();
+            std::thread::sleep(Duration::from_millis(300));
+            inside.fetch_sub(1, Ordering::SeqCst);
+        })
+        .unwrap()
+    };
+    b.publish("slow", 1).unwrap();
+    assert!(entered.wait_for(1, LIMIT));
+    let sub_b = std::sync::Mutex::new(Some(sub_b));
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let done = Arc::new(common::Countdown::new());
+    let _waiter = {
+        let (inside, seen, done) = (Arc::clone(&inside), Arc::clone(&seen), Arc::clone(&done));
+        a.subscribe("go", move |_| {
+            if let Some(sub) = sub_b.lock().unwrap().take() {
+                common::block_on(sub.unsubscribe_and_wait());
+                *seen.lock().unwrap() = Some(inside.load(Ordering::SeqCst));
+                done.arrive();
+            }
+        })
+        .unwrap()
+    };
+    a.publish("go", 1).unwrap();
+    assert!(done.wait_for(1, LIMIT), "unsubscribe_and_wait hangs");
+    assert_eq!(
+        *seen.lock().unwrap(),
+        Some(0),
+        "returned while bus B's handler was still running"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // 10. A refused publish hands the value back.
 // ---------------------------------------------------------------------------

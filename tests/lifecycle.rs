@@ -409,6 +409,62 @@ async fn close_times_out_on_a_stuck_handler() {
     }
 }
 
+/// `close()` of bus B, blocked on by a handler of bus A on a pool worker,
+/// returns Ok only once B's running delivery has finished: what the
+/// worker's stack holds is A's, not B's, so it is waited for like any.
+#[test]
+fn close_from_another_buss_handler_waits_for_its_deliveries() {
+    let pool = || {
+        Bus::<u32>::builder()
+            .delivery(DeliveryMode::WorkerPool)
+            .workers(2)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (pool(), pool());
+    let finished = Arc::new(AtomicU64::new(0));
+    let entered = Arc::new(common::Countdown::new());
+    let _slow = {
+        let (finished, entered) = (Arc::clone(&finished), Arc::clone(&entered));
+        b.subscribe("slow", move |_: &Message<u32>| {
+            entered.arrive();
+            std::thread::sleep(Duration::from_millis(300));
+            finished.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap()
+    };
+    b.publish("slow", 1).unwrap();
+    assert!(entered.wait_for(1, Duration::from_secs(10)));
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let done = Arc::new(common::Countdown::new());
+    let _closer = {
+        let (b, finished) = (b.clone(), Arc::clone(&finished));
+        let (seen, done) = (Arc::clone(&seen), Arc::clone(&done));
+        a.subscribe("go", move |_: &Message<u32>| {
+            let result = block_on(b.close());
+            *seen.lock().unwrap() = Some((
+                result.is_ok(),
+                finished.load(Ordering::SeqCst),
+                b.inflight_messages(),
+            ));
+            done.arrive();
+        })
+        .unwrap()
+    };
+    a.publish("go", 1).unwrap();
+    assert!(
+        done.wait_for(1, Duration::from_secs(10)),
+        "close from the other bus's handler never returned"
+    );
+    let (ok, finished, inflight) = seen.lock().unwrap().unwrap();
+    assert!(ok, "close failed");
+    assert_eq!(
+        (finished, inflight),
+        (1, 0),
+        "bus B's close returned Ok before its delivery finished"
+    );
+}
+
 /// Without any tokio runtime, `WorkerPool` and `Inline` buses work from plain
 /// threads, and `close` and `recv` complete on a non-tokio executor.
 #[test]

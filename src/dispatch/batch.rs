@@ -154,7 +154,7 @@ impl<T: Send + Sync + 'static> Batch<T> {
         first.resuming(&mut progress, tally, |progress, tally| {
             self.work(first, env, runner, progress, tally);
         });
-        quiesce::unhold(progress.claimed as u64);
+        quiesce::unhold(&env.quiescence, progress.claimed as u64);
         progress.exceptions.add_to(progress.claimed, tally);
     }
 
@@ -168,7 +168,7 @@ impl<T: Send + Sync + 'static> Batch<T> {
         tally: &mut Tally,
     ) {
         loop {
-            if p.current >= p.claim_end && !self.claim(first, p) {
+            if p.current >= p.claim_end && !self.claim(first, env, p) {
                 return;
             }
             self.walk(first, env, runner, p, tally);
@@ -177,7 +177,7 @@ impl<T: Send + Sync + 'static> Batch<T> {
 
     /// Claims the next subscriptions for this runner. False when none are
     /// left.
-    fn claim(&self, first: &Fanout<T>, p: &mut BatchProgress) -> bool {
+    fn claim(&self, first: &Fanout<T>, env: &Env, p: &mut BatchProgress) -> bool {
         let per_unit = FAST_UNIT.saturating_mul(p.jobs as u32);
         let units = p.grain.next(per_unit);
         let start = self.next.fetch_add(units, Ordering::Relaxed);
@@ -187,7 +187,7 @@ impl<T: Send + Sync + 'static> Batch<T> {
         let end = (start + units).min(first.total());
         let deliveries = (end - start) * p.jobs;
         p.claimed += deliveries;
-        quiesce::hold(deliveries as u64);
+        quiesce::hold(&env.quiescence, deliveries as u64);
         p.current = start;
         p.claim_end = end;
         p.job = 0;

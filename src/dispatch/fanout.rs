@@ -252,7 +252,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         self.resuming(&mut progress, tally, |progress, tally| {
             self.work(env, runner, progress, tally);
         });
-        quiesce::unhold(progress.claimed as u64);
+        quiesce::unhold(&env.quiescence, progress.claimed as u64);
         progress.exceptions.add_to(progress.claimed, tally);
         if R::SHARES_JOBS {
             self.runners.fetch_sub(1, Ordering::Relaxed);
@@ -307,7 +307,9 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         let mut sets = SetWalker::new(&self.lens);
         loop {
             // A claim that reached the end leaves nothing for another.
-            if p.current >= p.claim_end && (p.claim_end >= self.total || !self.claim(runner, p)) {
+            if p.current >= p.claim_end
+                && (p.claim_end >= self.total || !self.claim(env, runner, p))
+            {
                 return;
             }
             let (set_index, offset, set_end) = sets.locate(p.current);
@@ -346,7 +348,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
     }
 
     /// Claims the next range for this runner. False when nothing is left.
-    fn claim(&self, runner: &mut impl Runner<T>, p: &mut Progress) -> bool {
+    fn claim(&self, env: &Env, runner: &mut impl Runner<T>, p: &mut Progress) -> bool {
         if self.plan.single_claim && p.claimed > 0 {
             return false;
         }
@@ -366,7 +368,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         }
         let end = (start + size).min(self.total);
         p.claimed += end - start;
-        quiesce::hold((end - start) as u64);
+        quiesce::hold(&env.quiescence, (end - start) as u64);
         p.current = start;
         p.claim_end = end;
         if end < self.total && self.plan.runners < self.plan.max_runners {

@@ -56,7 +56,7 @@ impl<T: Send + Sync + 'static> Ordered<T> {
     pub(crate) fn new(handler: Box<AsyncCall<T>>, env: Arc<Env>) -> Self {
         Self {
             handler,
-            running: Arc::new(Running::new()),
+            running: Arc::new(Running::new(env.quiescence.id())),
             scheduled: AtomicBool::new(false),
             env,
         }

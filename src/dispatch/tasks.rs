@@ -150,7 +150,7 @@ impl<T: Send + Sync + 'static> Tasks<T> {
                 }
                 Overflow::Wait => {
                     // A handler's publish may wait for its own lane.
-                    if quiesce::held_here() > 0 || self.closing.load(Ordering::SeqCst) {
+                    if quiesce::held_by_any_bus_here() || self.closing.load(Ordering::SeqCst) {
                         caller_runs(&job, &mut TaskModeRunner::new(env, Place::Publisher), env);
                         return 0;
                     }

@@ -255,10 +255,11 @@ pub(crate) struct AsyncSink<F> {
 }
 
 impl<F> AsyncSink<F> {
-    pub(crate) fn new(handler: F) -> Self {
+    /// `bus`: its bus's [`Quiescence::id`](super::quiesce::Quiescence::id).
+    pub(crate) fn new(handler: F, bus: u64) -> Self {
         Self {
             handler,
-            running: Arc::new(Running::new()),
+            running: Arc::new(Running::new(bus)),
         }
     }
 }

@@ -21,7 +21,9 @@
 //! - **Runners on the waiting thread's own stack are not waited for**: they
 //!   sit below the wait in the call stack and cannot leave before it ends (a
 //!   handler blocking on its own unsubscribe). Each thread counts the runners
-//!   it is inside of.
+//!   it is inside of, per bus: a handler of one bus waiting on another's
+//!   subscription is not one of the other bus's runners, and is waited for
+//!   like any.
 //! - **Async deliveries** outlive their runner; each async subscription
 //!   counts its unfinished deliveries in a [`Running`], and waiting for it
 //!   likewise skips the deliveries being polled on the waiting thread (an
@@ -30,7 +32,7 @@
 //! Waiters are served one at a time; a wait is cancel-safe (dropping it
 //! leaves nothing held).
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
@@ -56,45 +58,106 @@ thread_local! {
 // all its threads on one OS thread), so the models see a waiter's own
 // counts and no other thread's.
 //
-// - `INSIDE`: runners this thread is inside of, per parity.
-// - `POLLING`: the async subscriptions whose deliveries this thread is
-//   polling now (their [`Running`] counters, by address), innermost last.
-// - `HELD`: deliveries in flight that the runners and async deliveries on
-//   this thread's stack hold: a `close` called from a handler does not wait
-//   for them (they cannot finish before it returns).
+// - `OWN`: per bus (by [`Quiescence`] id), the runners of that bus this
+//   thread is inside of, per parity, and the deliveries in flight that the
+//   runners and async deliveries on this thread's stack hold: a `close`
+//   called from a handler does not wait for them (they cannot finish before
+//   it returns). Per bus, because a handler of one bus may wait on another:
+//   its runner is not the other bus's. Entries go once all zero, so the
+//   list holds the buses this stack is in now (rarely more than one).
+// - `POLLING`: the async deliveries this thread is polling now (their
+//   [`Running`] counters, by address), innermost last.
 #[cfg(not(loom))]
 std::thread_local! {
-    static INSIDE: [Cell<usize>; 2] = const { [Cell::new(0), Cell::new(0)] };
-    static POLLING: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
-    static HELD: Cell<u64> = const { Cell::new(0) };
+    static OWN: RefCell<Vec<Own>> = const { RefCell::new(Vec::new()) };
+    static POLLING: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
 }
 #[cfg(loom)]
 loom::thread_local! {
-    static INSIDE: [Cell<usize>; 2] = [Cell::new(0), Cell::new(0)];
-    static POLLING: RefCell<Vec<usize>> = RefCell::new(Vec::new());
-    static HELD: Cell<u64> = Cell::new(0);
+    static OWN: RefCell<Vec<Own>> = RefCell::new(Vec::new());
+    static POLLING: RefCell<Vec<Frame>> = RefCell::new(Vec::new());
 }
 
-/// Runners on this thread now hold `n` more deliveries (see [`held_here`]).
+/// What this thread's stack holds of one bus (see `OWN`).
+#[derive(Clone, Copy, Default)]
+struct Own {
+    bus: u64,
+    inside: [usize; 2],
+    held: u64,
+}
+
+/// Changes this thread's record of bus `bus`.
 #[inline]
-pub(crate) fn hold(n: u64) {
-    HELD.with(|held| held.set(held.get() + n));
+fn change_own(bus: u64, change: impl FnOnce(&mut Own)) {
+    OWN.with(|own| {
+        let mut own = own.borrow_mut();
+        let index = match own.iter().position(|o| o.bus == bus) {
+            Some(index) => index,
+            None => {
+                own.push(Own {
+                    bus,
+                    ..Own::default()
+                });
+                own.len() - 1
+            }
+        };
+        change(&mut own[index]);
+        let o = own[index];
+        if o.inside == [0, 0] && o.held == 0 {
+            own.swap_remove(index);
+        }
+    });
 }
 
-/// Runners on this thread no longer hold `n` deliveries.
+/// This thread's record of bus `bus`.
 #[inline]
-pub(crate) fn unhold(n: u64) {
-    HELD.with(|held| held.set(held.get().saturating_sub(n)));
+fn own(bus: u64) -> Own {
+    OWN.with(|own| {
+        own.borrow()
+            .iter()
+            .find(|o| o.bus == bus)
+            .copied()
+            .unwrap_or_default()
+    })
 }
 
-/// In-flight deliveries held by the call stack of this thread: what a
-/// `close` called from inside a handler must not wait for.
-pub(crate) fn held_here() -> u64 {
-    HELD.with(Cell::get)
+/// One async delivery being polled on this thread.
+struct Frame {
+    /// Its subscription's [`Running`], by address.
+    key: usize,
+}
+
+/// Runners of `quiescence`'s bus on this thread now hold `n` more
+/// deliveries (see [`held_here`]).
+#[inline]
+pub(crate) fn hold(quiescence: &Quiescence, n: u64) {
+    change_own(quiescence.id, |own| own.held += n);
+}
+
+/// Runners of `quiescence`'s bus on this thread no longer hold `n`
+/// deliveries.
+#[inline]
+pub(crate) fn unhold(quiescence: &Quiescence, n: u64) {
+    change_own(quiescence.id, |own| own.held = own.held.saturating_sub(n));
+}
+
+/// In-flight deliveries of `quiescence`'s bus held by the call stack of
+/// this thread: what a `close` called from inside a handler must not wait
+/// for.
+pub(crate) fn held_here(quiescence: &Quiescence) -> u64 {
+    own(quiescence.id).held
+}
+
+/// Whether this thread's stack holds deliveries of any bus (a handler's
+/// thread: it must not wait for a lane it may be serving).
+pub(crate) fn held_by_any_bus_here() -> bool {
+    OWN.with(|own| own.borrow().iter().any(|o| o.held > 0))
 }
 
 /// The bus's record of which runners are delivering.
 pub(crate) struct Quiescence {
+    /// Unique per bus: this thread's counts are kept per bus under it.
+    id: u64,
     epoch: AtomicUsize,
     /// `2 * SHARDS` counters: parity 0's shards, then parity 1's.
     active: Box<[CachePadded<AtomicUsize>]>,
@@ -113,7 +176,10 @@ pub(crate) struct Presence<'a> {
 
 impl Quiescence {
     pub(crate) fn new() -> Self {
+        // Not a loom atomic: a name, not part of any protocol.
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Self {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             epoch: AtomicUsize::new(0),
             active: (0..2 * SHARDS)
                 .map(|_| CachePadded::new(AtomicUsize::new(0)))
@@ -132,9 +198,7 @@ impl Quiescence {
         self.active[counter].fetch_add(1, Ordering::SeqCst);
         // Orders the flag loads of this run after the count is visible.
         fence(Ordering::SeqCst);
-        // One cell per parity: a read-modify-write of the pair made the
-        // next read of it wait on a partial store.
-        INSIDE.with(|inside| inside[parity].set(inside[parity].get() + 1));
+        change_own(self.id, |own| own.inside[parity] += 1);
         Presence {
             quiescence: self,
             parity,
@@ -142,12 +206,17 @@ impl Quiescence {
         }
     }
 
+    /// This bus's identity, for a [`Running`] of one of its subscriptions.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     fn outside_this_thread(&self, parity: usize) -> usize {
         let total: usize = self.active[parity * SHARDS..(parity + 1) * SHARDS]
             .iter()
             .map(|count| count.load(Ordering::SeqCst))
             .sum();
-        total.saturating_sub(INSIDE.with(|inside| inside[parity].get()))
+        total.saturating_sub(own(self.id).inside[parity])
     }
 
     /// Waits until no runner of `parity` is left but those on this thread.
@@ -186,8 +255,9 @@ impl Quiescence {
 
 impl Drop for Presence<'_> {
     fn drop(&mut self) {
-        INSIDE.with(|inside| inside[self.parity].set(inside[self.parity].get() - 1));
         let quiescence = self.quiescence;
+        let parity = self.parity;
+        change_own(quiescence.id, |own| own.inside[parity] -= 1);
         quiescence.active[self.counter].fetch_sub(1, Ordering::SeqCst);
         // The count's decrement and the load of `waiting` are both
         // `SeqCst`: their total order with the waiter's increment and count
@@ -214,13 +284,16 @@ impl Drop for Waiting<'_> {
 
 /// An async subscription's unfinished deliveries.
 pub(crate) struct Running {
+    /// Its bus's [`Quiescence::id`].
+    bus: u64,
     count: AtomicUsize,
     finished: Notify,
 }
 
 impl Running {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(bus: u64) -> Self {
         Self {
+            bus,
             count: AtomicUsize::new(0),
             finished: Notify::new(),
         }
@@ -239,18 +312,20 @@ impl Running {
         self.count.fetch_add(1, Ordering::SeqCst);
         let done = Finished(Arc::clone(self));
         async move {
-            let key = done.0.key();
+            let (key, bus) = (done.0.key(), done.0.bus);
             let mut future = pin!(future);
             std::future::poll_fn(|cx| {
-                POLLING.with(|polling| polling.borrow_mut().push(key));
-                // Polled outside any runner (continued as a task), this
-                // delivery is held by this thread's stack; inside a runner
-                // (its first poll), the runner already holds it.
-                let outside = INSIDE.with(|inside| inside[0].get() == 0 && inside[1].get() == 0);
+                POLLING.with(|polling| polling.borrow_mut().push(Frame { key }));
+                // Polled outside any runner of its bus (continued as a
+                // task), this delivery is held by this thread's stack; inside
+                // one (its first poll), the runner already holds it.
+                let outside = own(bus).inside == [0, 0];
                 if outside {
-                    hold(1);
+                    change_own(bus, |own| own.held += 1);
                 }
-                let _unmark = Unmark { held: outside };
+                let _unmark = Unmark {
+                    held: outside.then_some(bus),
+                };
                 future.as_mut().poll(cx)
             })
             .await;
@@ -265,8 +340,13 @@ impl Running {
             let mut finished = pin!(self.finished.notified());
             finished.as_mut().enable();
             let key = self.key();
-            let own =
-                POLLING.with(|polling| polling.borrow().iter().filter(|&&k| k == key).count());
+            let own = POLLING.with(|polling| {
+                polling
+                    .borrow()
+                    .iter()
+                    .filter(|frame| frame.key == key)
+                    .count()
+            });
             if self.count.load(Ordering::SeqCst) <= own {
                 return;
             }
@@ -277,7 +357,8 @@ impl Running {
 
 /// Pops this thread's "being polled" mark, even if the poll panics.
 struct Unmark {
-    held: bool,
+    /// The bus whose delivery this poll held, if it did.
+    held: Option<u64>,
 }
 
 impl Drop for Unmark {
@@ -285,8 +366,8 @@ impl Drop for Unmark {
         POLLING.with(|polling| {
             polling.borrow_mut().pop();
         });
-        if self.held {
-            unhold(1);
+        if let Some(bus) = self.held {
+            change_own(bus, |own| own.held = own.held.saturating_sub(1));
         }
     }
 }
