@@ -894,8 +894,12 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ///
     /// Called from inside a handler (an async handler awaiting it, or a sync
     /// one blocking on it where it may block), it finishes once everything
-    /// else has drained: it does not wait for its own caller, nor for the
-    /// publish that caller is running in.
+    /// else has drained: it does not wait for its own caller. A sync handler
+    /// blocking on it holds up the publish it runs in, which is not waited
+    /// for either; an async handler awaiting it holds up only its own
+    /// delivery (the rest of its publish goes on, and is waited for).
+    /// Deliveries of other buses are none of this bus's: a handler of one
+    /// bus closing another waits for all of the other's.
     ///
     /// Cancel-safe: the bus is closed as soon as this is first polled, and
     /// ending the streams and stopping the workers does not depend on this
@@ -905,10 +909,12 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ///
     /// Works on any executor; calling it again waits again.
     pub async fn close(&self) -> Result<(), Error> {
-        // What this call's own stack holds, if it comes from inside a
-        // handler: it is not waited for (it cannot finish first).
-        let own_tokens = crate::stats::tokens_here();
-        let own_deliveries = quiesce::held_here(&self.inner.env.quiescence);
+        // What this call's own caller holds, if it comes from inside a
+        // handler: it is not waited for (it cannot finish first). Counted
+        // for this bus only (a handler of another bus is waited for like
+        // anything else).
+        let own_tokens = crate::stats::tokens_here(&self.inner.env.counters);
+        let caller = quiesce::caller_here(&self.inner.env.quiescence);
         let inner = Arc::clone(&self.inner);
         inner.dispatcher.closing();
         let closing = Arc::downgrade(&self.inner);
@@ -917,18 +923,19 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 inner.finish_close();
             }
         });
-        if own_tokens > 0 || own_deliveries > 0 {
+        if own_tokens > 0 || caller.holds_any() {
             let (done, waited) = tokio::sync::oneshot::channel();
             let waiter = Arc::clone(&inner);
             std::thread::Builder::new()
                 .name("blazesub-close".into())
                 .spawn(move || {
                     let timeout = waiter.config.close_timeout;
-                    let _ = done.send(waiter.env.counters.wait_drained_except(
-                        own_tokens,
-                        own_deliveries,
-                        timeout,
-                    ));
+                    let _ = done.send(
+                        waiter
+                            .env
+                            .counters
+                            .wait_drained_except(|| caller.own_now(own_tokens), timeout),
+                    );
                 })
                 .map_err(Error::Spawn)?;
             return waited.await.unwrap_or(Err(Error::Closed));

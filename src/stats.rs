@@ -23,7 +23,7 @@
 //! Workers add their tallies once per unit of work, not per delivery, so the
 //! hot loop touches no shared counter.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -125,21 +125,66 @@ pub(crate) struct Counters {
 
 thread_local! {
     /// Publish tokens held by this thread's stack: publishes it is in the
-    /// middle of (an `Inline` handler that closes the bus runs inside one).
-    static TOKENS_HERE: Cell<u64> = const { Cell::new(0) };
+    /// middle of (a handler run before its publish hands off, as a shared
+    /// group's or a retained snapshot's, may close the bus), per bus, by
+    /// its counters' address. A publish takes and gives back its token
+    /// with no other bus's publish in between but for a handler's, so one
+    /// cell holds the bus whose tokens the stack took first, and the rare
+    /// other buses, nested inside, spill into a list.
+    static TOKENS_HERE: Cell<(usize, u64)> = const { Cell::new((0, 0)) };
+    static TOKENS_NESTED: RefCell<Vec<(usize, u64)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Publish tokens this thread's stack holds (see `Bus::close`).
-pub(crate) fn tokens_here() -> u64 {
-    TOKENS_HERE.with(Cell::get)
+/// Publish tokens of `counters`' bus this thread's stack holds (see
+/// `Bus::close`).
+pub(crate) fn tokens_here(counters: &Counters) -> u64 {
+    let bus = counters.key();
+    match TOKENS_HERE.with(Cell::get) {
+        (first, tokens) if first == bus => tokens,
+        _ => TOKENS_NESTED.with(|nested| {
+            nested
+                .borrow()
+                .iter()
+                .find(|(b, _)| *b == bus)
+                .map_or(0, |(_, tokens)| *tokens)
+        }),
+    }
 }
 
-fn token_taken() {
-    TOKENS_HERE.with(|tokens| tokens.set(tokens.get() + 1));
+#[inline]
+fn token_taken(bus: usize) {
+    TOKENS_HERE.with(|here| match here.get() {
+        (first, tokens) if first == bus || tokens == 0 => here.set((bus, tokens + 1)),
+        _ => change_nested(bus, |tokens| *tokens += 1),
+    });
 }
 
-fn token_given_back() {
-    TOKENS_HERE.with(|tokens| tokens.set(tokens.get().saturating_sub(1)));
+#[inline]
+fn token_given_back(bus: usize) {
+    TOKENS_HERE.with(|here| match here.get() {
+        (first, tokens) if first == bus => here.set((first, tokens.saturating_sub(1))),
+        _ => change_nested(bus, |tokens| *tokens = tokens.saturating_sub(1)),
+    });
+}
+
+/// The rare path of [`token_taken`] and [`token_given_back`]: a bus other
+/// than the first on this stack.
+#[cold]
+fn change_nested(bus: usize, change: impl FnOnce(&mut u64)) {
+    TOKENS_NESTED.with(|nested| {
+        let mut nested = nested.borrow_mut();
+        let index = match nested.iter().position(|(b, _)| *b == bus) {
+            Some(index) => index,
+            None => {
+                nested.push((bus, 0));
+                nested.len() - 1
+            }
+        };
+        change(&mut nested[index].1);
+        if nested[index].1 == 0 {
+            nested.swap_remove(index);
+        }
+    });
 }
 
 /// An admitted publish: its token keeps `close` waiting until the publish has
@@ -163,7 +208,7 @@ impl PublishGuard<'_> {
             .work
             .fetch_add((deliveries as u64).wrapping_sub(TOKEN), Ordering::AcqRel);
         self.token_held = false;
-        token_given_back();
+        token_given_back(self.counters.key());
     }
 }
 
@@ -180,7 +225,7 @@ impl PublishGuard<'_> {
 impl Drop for PublishGuard<'_> {
     fn drop(&mut self) {
         if self.token_held {
-            token_given_back();
+            token_given_back(self.counters.key());
             self.counters.release(TOKEN);
         }
     }
@@ -219,6 +264,13 @@ impl Counters {
         }
     }
 
+    /// This bus's key in the per-thread token counts: its address, stable
+    /// while any publish holds a token (it borrows these counters).
+    #[inline]
+    fn key(&self) -> usize {
+        self as *const Self as usize
+    }
+
     /// Admits a publish unless the bus is closed.
     pub(crate) fn begin_publish(&self) -> Result<PublishGuard<'_>, Error> {
         let before = self.work.fetch_add(TOKEN, Ordering::AcqRel);
@@ -226,7 +278,7 @@ impl Counters {
             self.release(TOKEN);
             return Err(Error::Closed);
         }
-        token_taken();
+        token_taken(self.key());
         Ok(PublishGuard {
             counters: self,
             token_held: true,
@@ -388,18 +440,21 @@ impl Counters {
     }
 
     /// Blocks until everything accepted has finished except what the
-    /// caller's own stack holds (`own_tokens` publishes in progress and
-    /// `own_deliveries` deliveries: a handler closing the bus), or `timeout`
+    /// caller's own stack holds (`own()`: publishes in progress and
+    /// deliveries, as of now: a handler closing the bus), or `timeout`
     /// passes. Polls: this path is for the rare close from inside a handler.
     pub(crate) fn wait_drained_except(
         &self,
-        own_tokens: u64,
-        own_deliveries: u64,
+        own: impl Fn() -> (u64, u64),
         timeout: Duration,
     ) -> Result<(), Error> {
         let started = crate::sync::now();
         loop {
             let work = self.work.load(Ordering::Acquire);
+            // Read after the word: once the poll `close` was called in has
+            // returned, the caller holds only its own delivery, and a word
+            // read before that still counts everything it held then.
+            let (own_tokens, own_deliveries) = own();
             let tokens = (work & !CLOSED) >> TOKEN.trailing_zeros();
             if tokens <= own_tokens && work & DELIVERIES <= own_deliveries {
                 return Ok(());

@@ -409,6 +409,92 @@ async fn close_times_out_on_a_stuck_handler() {
     }
 }
 
+/// `close()` awaited by an async handler finishes once everything else has
+/// drained, also when the runner that first polled it claimed other
+/// deliveries with it (`Inline`: the whole publish; `WorkerPool` above the
+/// threshold: a chunk): once that poll has returned, only the handler's own
+/// delivery is its caller's, and a slow handler elsewhere is waited for.
+#[test]
+fn close_from_an_async_handler_in_a_multi_delivery_claim_waits_for_others() {
+    const LIMIT: Duration = Duration::from_secs(10);
+    for (mode, threshold) in [(DeliveryMode::Inline, 10), (DeliveryMode::WorkerPool, 1)] {
+        let what = format!("{mode:?}");
+        let rt = common::runtime(2);
+        let bus = Bus::<u32>::builder()
+            .delivery(mode)
+            .workers(2)
+            .max_concurrent_subscriptions(threshold)
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap();
+        let slow_done = Arc::new(AtomicU64::new(0));
+        let slow_started = Arc::new(common::Countdown::new());
+        let _slow = {
+            let (done, started) = (Arc::clone(&slow_done), Arc::clone(&slow_started));
+            bus.subscribe("slow", move |_: &Message<u32>| {
+                started.arrive();
+                std::thread::sleep(Duration::from_millis(300));
+                done.store(1, Ordering::SeqCst);
+            })
+            .unwrap()
+        };
+        let closed = Arc::new(common::Countdown::new());
+        let saw_slow_done = Arc::new(AtomicU64::new(0));
+        let _closer = {
+            let (inner, closed, saw, slow) = (
+                bus.clone(),
+                Arc::clone(&closed),
+                Arc::clone(&saw_slow_done),
+                Arc::clone(&slow_done),
+            );
+            bus.subscribe_async("close", move |_m| {
+                let (bus, closed, saw, slow) = (
+                    inner.clone(),
+                    Arc::clone(&closed),
+                    Arc::clone(&saw),
+                    Arc::clone(&slow),
+                );
+                async move {
+                    let result = bus.close().await;
+                    assert!(result.is_ok(), "{result:?}");
+                    saw.store(slow.load(Ordering::SeqCst), Ordering::SeqCst);
+                    closed.arrive();
+                }
+            })
+            .unwrap()
+        };
+        // Cheap handlers on the same topic, claimed with the closer.
+        let cheap = Arc::new(AtomicU64::new(0));
+        let _cheap: Vec<Subscription> = (0..9)
+            .map(|_| {
+                let cheap = Arc::clone(&cheap);
+                bus.subscribe("close", move |_: &Message<u32>| {
+                    cheap.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap()
+            })
+            .collect();
+        let slow_publisher = {
+            let bus = bus.clone();
+            std::thread::spawn(move || bus.publish("slow", 1).unwrap())
+        };
+        assert!(slow_started.wait_for(1, LIMIT), "{what}");
+        let closer = {
+            let bus = bus.clone();
+            std::thread::spawn(move || bus.publish("close", 1).unwrap())
+        };
+        assert!(closed.wait_for(1, LIMIT), "{what}: close never returned");
+        assert_eq!(
+            saw_slow_done.load(Ordering::SeqCst),
+            1,
+            "{what}: close returned before the slow handler elsewhere finished"
+        );
+        assert_eq!(cheap.load(Ordering::SeqCst), 9, "{what}");
+        slow_publisher.join().unwrap();
+        closer.join().unwrap();
+    }
+}
+
 /// `close()` of bus B, blocked on by a handler of bus A on a pool worker,
 /// returns Ok only once B's running delivery has finished: what the
 /// worker's stack holds is A's, not B's, so it is waited for like any.

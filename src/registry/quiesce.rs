@@ -66,7 +66,7 @@ thread_local! {
 //   its runner is not the other bus's. Entries go once all zero, so the
 //   list holds the buses this stack is in now (rarely more than one).
 // - `POLLING`: the async deliveries this thread is polling now (their
-//   [`Running`] counters, by address), innermost last.
+//   [`Running`] counters, by address, and their bus), innermost last.
 #[cfg(not(loom))]
 std::thread_local! {
     static OWN: RefCell<Vec<Own>> = const { RefCell::new(Vec::new()) };
@@ -125,6 +125,58 @@ fn own(bus: u64) -> Own {
 struct Frame {
     /// Its subscription's [`Running`], by address.
     key: usize,
+    /// Its bus's [`Quiescence::id`].
+    bus: u64,
+    /// Set when this poll returns, for a `close` called inside it (see
+    /// [`caller_here`]); made only by such a call.
+    ended: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+/// What a `close` called on this thread must not wait for: its caller.
+/// Computed when it is called, before it first waits.
+pub(crate) struct Caller {
+    /// The bus's deliveries this thread's stack holds (runners' claims,
+    /// async deliveries being polled).
+    held: u64,
+    /// If called while an async delivery is being polled (the innermost):
+    /// that poll's end, and whether the delivery is of this bus.
+    poll: Option<(Arc<std::sync::atomic::AtomicBool>, bool)>,
+}
+
+impl Caller {
+    /// Whether there is anything of the caller's not to wait for.
+    pub(crate) fn holds_any(&self) -> bool {
+        self.held > 0 || self.poll.as_ref().is_some_and(|(_, same_bus)| *same_bus)
+    }
+
+    /// The publish tokens and deliveries not to wait for, now, given the
+    /// `tokens` the stack held when `close` was called. While the poll it
+    /// was called in is still running, that is everything the stack holds:
+    /// the close blocks it (a handler blocking on it), so none of that can
+    /// finish first. Once that poll has returned, the close is awaited by
+    /// that delivery's future, and only that delivery cannot finish first:
+    /// the runner that polled it went on, and its other deliveries, like the
+    /// publish it ran in, are waited for like any.
+    pub(crate) fn own_now(&self, tokens: u64) -> (u64, u64) {
+        match &self.poll {
+            Some((ended, same_bus)) if ended.load(std::sync::atomic::Ordering::SeqCst) => {
+                (0, u64::from(*same_bus))
+            }
+            _ => (tokens, self.held),
+        }
+    }
+}
+
+/// What a `close` of `quiescence`'s bus called here must not wait for.
+pub(crate) fn caller_here(quiescence: &Quiescence) -> Caller {
+    let held = held_here(quiescence);
+    let poll = POLLING.with(|polling| {
+        polling.borrow_mut().last_mut().map(|frame| {
+            let ended = frame.ended.get_or_insert_with(Arc::default);
+            (Arc::clone(ended), frame.bus == quiescence.id)
+        })
+    });
+    Caller { held, poll }
 }
 
 /// Runners of `quiescence`'s bus on this thread now hold `n` more
@@ -315,7 +367,13 @@ impl Running {
             let (key, bus) = (done.0.key(), done.0.bus);
             let mut future = pin!(future);
             std::future::poll_fn(|cx| {
-                POLLING.with(|polling| polling.borrow_mut().push(Frame { key }));
+                POLLING.with(|polling| {
+                    polling.borrow_mut().push(Frame {
+                        key,
+                        bus,
+                        ended: None,
+                    })
+                });
                 // Polled outside any runner of its bus (continued as a
                 // task), this delivery is held by this thread's stack; inside
                 // one (its first poll), the runner already holds it.
@@ -363,9 +421,10 @@ struct Unmark {
 
 impl Drop for Unmark {
     fn drop(&mut self) {
-        POLLING.with(|polling| {
-            polling.borrow_mut().pop();
-        });
+        let frame = POLLING.with(|polling| polling.borrow_mut().pop());
+        if let Some(ended) = frame.and_then(|frame| frame.ended) {
+            ended.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         if let Some(bus) = self.held {
             change_own(bus, |own| own.held = own.held.saturating_sub(1));
         }
