@@ -90,8 +90,12 @@ pub enum Overflow {
     ///
     /// Where waiting could deadlock, the publisher runs the unit of work
     /// itself, as under [`Overflow::CallerRuns`]: on a pool worker or inside
-    /// a handler (a handler that publishes), once the bus is closing, and
-    /// for a task the cap has no slot for. A waiting `publish` blocks its
+    /// a handler (a handler that publishes), once the bus is closing, for a
+    /// task the cap has no slot for, and when the pool worker it waits on
+    /// has started nothing for a millisecond while a worker drives an async
+    /// handler's future itself at the task cap (that future may wait for
+    /// what only the publisher's thread can free: a timer of the runtime
+    /// the publisher is a thread of). A waiting `publish` blocks its
     /// thread the way running a handler would; it cannot be cancelled.
     ///
     /// Why it is the default: a publisher that runs a route's handlers

@@ -414,3 +414,68 @@ async fn a_task_runner_finishes_its_own_async_delivery_at_the_cap() {
     );
     hits.assert_exactly_once("async handler");
 }
+
+/// A burst published by a task, under `Overflow::Wait` (the default), to an
+/// async handler that awaits a timer of the same runtime, with one pool
+/// worker, one queue slot and one task slot. At the task cap the worker
+/// drives the handler's future to its end itself, and that future's timer
+/// needs the runtime thread the publisher is blocking. Waiting for the
+/// worker's room used to deadlock both; the publisher now runs the unit
+/// itself once the worker has started nothing for a millisecond.
+fn a_burst_under_wait_returns(runtime: tokio::runtime::Runtime) {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let handle = runtime.handle().clone();
+        runtime
+            .block_on(handle.spawn(async move {
+                let bus = Bus::<u32>::builder()
+                    .delivery(DeliveryMode::WorkerPool)
+                    .workers(1)
+                    .queue_capacity(1)
+                    .max_inflight_tasks(1)
+                    .overflow(Overflow::Wait)
+                    .build()
+                    .unwrap();
+                let _sub = bus
+                    .subscribe_async("a/x", |_: Arc<Message<u32>>| async move {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    })
+                    .unwrap();
+                // A task that does not yield between publishes.
+                for id in 0..20 {
+                    bus.publish("a/x", id).unwrap();
+                }
+                bus.close().await.unwrap();
+                let stats = bus.stats();
+                let _ = done.send((stats.delivered, stats.dropped));
+            }))
+            .unwrap();
+    });
+    let outcome = finished.recv_timeout(Duration::from_secs(30));
+    assert_eq!(
+        outcome,
+        Ok((20, 0)),
+        "20 publishes under Overflow::Wait did not all return and deliver in 30 s"
+    );
+}
+
+#[test]
+fn wait_on_a_current_thread_runtime_with_async_handlers_at_the_task_cap_returns() {
+    a_burst_under_wait_returns(
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap(),
+    );
+}
+
+#[test]
+fn wait_on_a_one_worker_runtime_with_async_handlers_at_the_task_cap_returns() {
+    a_burst_under_wait_returns(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap(),
+    );
+}

@@ -49,8 +49,14 @@
 //! applies: `Wait` (the default) has the publisher wait until the queue has
 //! drained to half (only that queue's worker wakes it: each queue has its
 //! own waiters), except on a pool worker, where it runs the job itself
-//! as `CallerRuns` does (the room it would wait for may be its own); `Drop`
-//! and `Error` count the deliveries as dropped.
+//! as `CallerRuns` does (the room it would wait for may be its own), and
+//! except once that queue's worker has started nothing for [`STALL`] while
+//! it waits and a worker is driving an async handler's future itself (at
+//! the task cap): that future may wait for what only the publisher's thread
+//! can free (a timer of the runtime the publisher is a thread of), so the
+//! publisher runs the job itself rather than wait for ever. A worker that
+//! is only slow is waited for. `Drop` and `Error` count the deliveries as
+//! dropped.
 //!
 //! Stopping sets a flag and wakes every worker and every waiting publisher
 //! (which then runs its job itself); a worker stops once every queue is
@@ -227,7 +233,15 @@ impl<T: Send + Sync + 'static> Runner<T> for PoolRunner<'_, T> {
     }
 
     fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) {
+        if self.place != Place::Worker {
+            pending::settle(delivery, self.env, self.place, tally);
+            return;
+        }
+        // Counted while it may drive the future itself (see
+        // `Shared::push_waiting`); a panic there is caught inside.
+        self.shared.driving.fetch_add(1, Ordering::SeqCst);
         pending::settle(delivery, self.env, self.place, tally);
+        self.shared.driving.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

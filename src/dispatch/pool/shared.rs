@@ -89,6 +89,10 @@ pub(super) struct Shared<T> {
     /// blocked in `close` may be what they would wait for).
     pub(super) no_waiting: AtomicBool,
     pub(super) stopping: AtomicBool,
+    /// Workers now inside an async handler's future that they drive to its
+    /// end themselves (the task cap had no slot for it): what that future
+    /// waits for may be the very thread a waiting publisher blocks.
+    pub(super) driving: AtomicUsize,
 }
 
 /// The publishers waiting for one queue's room, and what they wait on.
@@ -322,7 +326,13 @@ impl<T> Shared<T> {
     }
 
     /// Queues `ticket` for `worker`, waiting while its queue is full
-    /// (`Overflow::Wait`). Gives the ticket back once the bus is closing.
+    /// (`Overflow::Wait`). Gives the ticket back once the bus is closing, or
+    /// once the worker has started nothing for a whole [`STALL`] of the
+    /// wait while a worker drives an async handler's future itself: the
+    /// caller then runs it itself. That future may wait for what only the
+    /// publisher's thread can free (a timer of the runtime the publisher is
+    /// a thread of), and waiting on would never end. A worker that is only
+    /// slow (a handler that takes milliseconds) is waited for.
     pub(super) fn push_waiting(
         &self,
         worker: usize,
@@ -336,16 +346,28 @@ impl<T> Shared<T> {
             if self.no_waiting.load(Ordering::SeqCst) {
                 return Err(ticket);
             }
+            let started = self.started[worker].load(Ordering::SeqCst);
             let room = &self.room[worker];
             let lock = room.lock();
             room.publishers_waiting.fetch_add(1, Ordering::SeqCst);
-            let lock = if self.has_room(worker) || self.no_waiting.load(Ordering::SeqCst) {
-                lock
-            } else {
-                room.freed.wait(lock).unwrap_or_else(|e| e.into_inner())
-            };
+            let (lock, timed_out) =
+                if self.has_room(worker) || self.no_waiting.load(Ordering::SeqCst) {
+                    (lock, false)
+                } else {
+                    let (lock, waited) = room
+                        .freed
+                        .wait_timeout(lock, STALL)
+                        .unwrap_or_else(|e| e.into_inner());
+                    (lock, waited.timed_out())
+                };
             room.publishers_waiting.fetch_sub(1, Ordering::SeqCst);
             drop(lock);
+            if timed_out
+                && self.started[worker].load(Ordering::SeqCst) == started
+                && self.driving.load(Ordering::SeqCst) > 0
+            {
+                return Err(ticket);
+            }
         }
     }
 
@@ -396,6 +418,7 @@ impl<T> Shared<T> {
             idle: CachePadded::new(AtomicUsize::new(0)),
             room: (0..workers).map(|_| CachePadded::default()).collect(),
             no_waiting: AtomicBool::new(false),
+            driving: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
         }
     }
