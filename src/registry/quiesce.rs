@@ -63,8 +63,9 @@ thread_local! {
 //   runners and async deliveries on this thread's stack hold: a `close`
 //   called from a handler does not wait for them (they cannot finish before
 //   it returns). Per bus, because a handler of one bus may wait on another:
-//   its runner is not the other bus's. Entries go once all zero, so the
-//   list holds the buses this stack is in now (rarely more than one).
+//   its runner is not the other bus's. An entry goes once all zero if the
+//   list is longer than a few, so it holds the buses this stack is in now
+//   and the last few it was (rarely more than one).
 // - `POLLING`: the async deliveries this thread is polling now (their
 //   [`Running`] counters, by address, and their bus), innermost last.
 #[cfg(not(loom))]
@@ -102,12 +103,19 @@ fn change_own(bus: u64, change: impl FnOnce(&mut Own)) {
             }
         };
         change(&mut own[index]);
+        // A bus's record stays while it is all zeros (a runner enters and
+        // leaves for every run: no need to take it out and put it back each
+        // time), until the thread has met more buses than a short list
+        // holds.
         let o = own[index];
-        if o.inside == [0, 0] && o.held == 0 {
+        if o.inside == [0, 0] && o.held == 0 && own.len() > KEPT_RECORDS {
             own.swap_remove(index);
         }
     });
 }
+
+/// Idle bus records a thread keeps (see [`change_own`]).
+const KEPT_RECORDS: usize = 4;
 
 /// This thread's record of bus `bus`.
 #[inline]
