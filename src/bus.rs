@@ -355,7 +355,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
     }
 
     /// [`Self::subscribe_ordered`] with an async handler: each call is awaited
-    /// before the next starts (on the bus's runtime, which it needs).
+    /// before the next starts (on the bus's runtime, which it needs). Unlike
+    /// the sync kind it queues its messages in a mailbox of
+    /// `Config::stream_capacity`: a handler that falls that far behind
+    /// loses the *newest* messages (refused as they come, counted in
+    /// [`Stats::dropped`](crate::Stats)), not the oldest.
     pub fn subscribe_ordered_async<F, Fut>(
         &self,
         filter: &str,
@@ -538,8 +542,12 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// returning.
     ///
     /// Errors: [`Error::Topic`] for an invalid topic name, [`Error::Closed`]
-    /// after `close`, and [`Error::Overloaded`] under `Overflow::Error` when
-    /// deliveries had to be dropped.
+    /// after `close`, [`Error::Full`] when a lossless
+    /// ([`StreamOverflow::Backpressure`]) stream it reaches has no room (it
+    /// then reaches no one), [`Error::RecursionLimit`] in `Inline` mode for a
+    /// publish nested too deep in handlers' publishes, and
+    /// [`Error::Overloaded`] under `Overflow::Error` when deliveries had to
+    /// be dropped.
     pub fn publish(&self, topic: &str, data: T) -> Result<usize, Error> {
         self.publish_message(topic, data, None, None)
             .map_err(|rejected| rejected.error)
@@ -551,9 +559,10 @@ impl<T: Send + Sync + 'static> Bus<T> {
             .map_err(|rejected| rejected.error)
     }
 
-    /// [`Self::publish`], but a value the bus refuses (it is closed, or the
-    /// topic is invalid) is handed back in the error instead of dropped, as
-    /// a channel's `send` does.
+    /// [`Self::publish`], but a value the bus refuses (it is closed, the
+    /// topic is invalid, a lossless stream is full, or an `Inline` publish
+    /// is nested too deep) is handed back in the error instead of dropped,
+    /// as a channel's `send` does.
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
@@ -639,17 +648,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
         reserved: Option<Reservations<T>>,
     ) -> Result<usize, Rejected<T>> {
         let inner = &*self.inner;
-        let counters = &inner.env.counters;
         let admitted = match self.admit(topic) {
             Ok(admitted) => admitted,
             Err(error) => return Err(Rejected::with_value(error, data)),
         };
-        if inner.policy.is_inline() && inline_depth() >= MAX_INLINE_DEPTH {
-            counters.recursion_refused();
-            let error = Error::RecursionLimit {
-                topic: topic.to_owned(),
-                depth: inline_depth(),
-            };
+        if let Err(error) = self.check_depth(topic) {
             return Err(Rejected::with_value(error, data));
         }
         let route = inner.routes.route(&inner.trie, topic);
@@ -662,6 +665,20 @@ impl<T: Send + Sync + 'static> Bus<T> {
         };
         let message = Arc::new(Message::stamped(Arc::clone(&route.topic), data, metadata));
         self.fan_out(admitted, topic, route, message, Some(reservations))
+    }
+
+    /// In `Inline` mode, refuses a publish nested [`MAX_INLINE_DEPTH`] deep
+    /// in handlers' publishes (counted), before it recurses any further.
+    #[inline]
+    pub(crate) fn check_depth(&self, topic: &str) -> Result<(), Error> {
+        if self.inner.policy.is_inline() && inline_depth() >= MAX_INLINE_DEPTH {
+            self.inner.env.counters.recursion_refused();
+            return Err(Error::RecursionLimit {
+                topic: topic.to_owned(),
+                depth: inline_depth(),
+            });
+        }
+        Ok(())
     }
 
     /// Room in every lossless mailbox `route` reaches, taken now without
@@ -835,13 +852,15 @@ impl<T: Send + Sync + 'static> Bus<T> {
     }
 
     /// How many subscriptions a publish to `topic` would reach now (0 for an
-    /// invalid topic name). Like [`Self::has_subscribers`], a route-cache
-    /// read.
+    /// invalid topic name), as `publish` counts them: a shared group
+    /// (`$share/{group}/{filter}`) with a member counts once. Like
+    /// [`Self::has_subscribers`], a route-cache read (and, on a bus with
+    /// shared groups, a look at each group's filter).
     pub fn subscribers(&self, topic: &str) -> usize {
         if validate_topic(topic).is_err() {
             return 0;
         }
-        self.inner.routes.subscribers(&self.inner.trie, topic)
+        self.inner.routes.subscribers(&self.inner.trie, topic) + self.inner.shared.reached(topic)
     }
 
     /// Live subscriptions (handlers and streams).

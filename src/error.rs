@@ -149,7 +149,8 @@ pub struct Rejected<T> {
     /// Why the publish failed.
     pub error: Error,
     /// The value published, handed back: `Some` when the bus refused it
-    /// outright ([`Error::Closed`], [`Error::Topic`]); `None` when it was
+    /// outright ([`Error::Closed`], [`Error::Topic`], [`Error::Full`],
+    /// [`Error::RecursionLimit`]); `None` when it was
     /// accepted and some deliveries were then dropped
     /// ([`Error::Overloaded`]), since it reached other subscribers.
     pub value: Option<T>,

@@ -173,7 +173,7 @@
 //! A filter `$share/{group}/{filter}` (MQTT 5) joins a group: each matching
 //! publish goes to exactly one member, picked by [`SharePolicy`] (least
 //! loaded by default; round robin; or by topic hash, which keeps per-topic
-//! order). A member that leaves passes on what was picked or queued for it;
+//! order for stream members and, on an `Inline` bus, handler members). A member that leaves passes on what was picked or queued for it;
 //! with no member left it is counted as dropped. A work queue, in one line
 //! per worker:
 //!

@@ -395,6 +395,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
             }
         };
         self.check_open()?;
+        self.check_depth(topic)?;
         let inner = &*self.inner;
         let reply_to: Arc<str> = Arc::from(inner.requests.reply_topic());
         let replies = self.insert_stream(

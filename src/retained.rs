@@ -585,6 +585,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
             Ok(admitted) => admitted,
             Err(error) => return Err(Rejected::with_value(error, data)),
         };
+        if let Err(error) = self.check_depth(topic) {
+            return Err(Rejected::with_value(error, data));
+        }
         let retained = &inner.retained;
         if !retained.settled.load(Ordering::Acquire) {
             // Subscribes that skipped the store read `in_use` under the

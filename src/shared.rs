@@ -301,6 +301,25 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
         self.route_slow(message, sets, counters)
     }
 
+    /// How many groups a publish to `topic` (a valid topic name) would
+    /// reach now: those matching it with a member. No lock, no allocation;
+    /// one load on a bus without groups.
+    #[inline]
+    pub(crate) fn reached(&self, topic: &str) -> usize {
+        if self.active.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        self.list.with(|groups| {
+            groups
+                .iter()
+                .filter(|group| {
+                    matches_valid(&group.filter, topic)
+                        && group.members.with(|members| !members.is_empty())
+                })
+                .count()
+        })
+    }
+
     fn route_slow(
         &self,
         message: &Arc<Message<T>>,

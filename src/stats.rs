@@ -39,8 +39,11 @@ use crate::sync::{AtomicU64, Condvar, Mutex, Ordering};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
-    /// `publish` calls the bus accepted (a valid topic on an open bus),
-    /// including ones that returned `Error::Overloaded`.
+    /// Publishes the bus accepted and fanned out: a valid topic on an open
+    /// bus, with room in every lossless stream it reaches and (in `Inline`
+    /// mode) not nested too deep, including ones that returned
+    /// `Error::Overloaded`. A publish refused with `Error::Full` or
+    /// `Error::RecursionLimit` is not counted.
     pub published: u64,
     /// Deliveries completed: handler calls that returned (for async handlers,
     /// whose future completed) and messages stream receivers took.
@@ -53,7 +56,10 @@ pub struct Stats {
     /// Handler calls that panicked. The panic was caught; nobody else noticed.
     pub handler_panics: u64,
     /// Units of work a publisher ran itself because the pool's queue or the
-    /// task cap was full (`Overflow::CallerRuns`).
+    /// task cap was full: under `Overflow::CallerRuns`, and under the
+    /// default `Overflow::Wait` where waiting could deadlock (a publish from
+    /// a handler or a pool worker, a closing bus, no free task slot, a
+    /// stalled worker driving an async handler's future).
     pub caller_runs: u64,
     /// Deliveries accepted but not yet finished (as
     /// [`Bus::inflight_messages`](crate::Bus::inflight_messages)).

@@ -7,6 +7,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -369,6 +370,29 @@ fn interest_queries_follow_subscriptions() {
         // Not a topic name: nobody could receive it.
         assert!(!bus.has_subscribers("s/+/temp"));
         assert_eq!(bus.subscribers(""), 0);
+    }
+}
+
+/// A shared group reaches a publish as one subscription, and the interest
+/// queries count it so, whatever its members: a producer that asks first
+/// must not skip work meant for a pool of shared workers. (The queries read
+/// only the subscription trie, which shared members are not in.)
+#[test]
+fn interest_queries_count_shared_groups_as_publish_does() {
+    for mode in [DeliveryMode::Inline, DeliveryMode::WorkerPool] {
+        let bus = bus(mode);
+        let a = bus.subscribe("$share/w/jobs/#", |_| {}).unwrap();
+        let b = bus.subscribe_stream("$share/w/jobs/#").unwrap();
+        assert!(bus.has_subscribers("jobs/a"), "{mode:?}");
+        assert_eq!(bus.subscribers("jobs/a"), 1, "{mode:?}: one group");
+        let _other = bus.subscribe_stream("$share/v/+/a").unwrap();
+        let _plain = bus.subscribe("jobs/+", |_| {}).unwrap();
+        assert_eq!(bus.subscribers("jobs/a"), 3, "{mode:?}");
+        assert_eq!(bus.publish("jobs/a", 1).unwrap(), 3, "{mode:?}");
+        assert_eq!(bus.subscribers("jobs/b"), 2, "{mode:?}");
+        assert_eq!(bus.subscribers("other"), 0, "{mode:?}");
+        drop((a, b));
+        assert_eq!(bus.subscribers("jobs/b"), 1, "{mode:?}: the group is gone");
     }
 }
 
@@ -926,4 +950,59 @@ fn inline_recursion_is_bounded_and_counted() {
     assert_eq!(bus.stats().recursion_refused, 1);
     assert_eq!(deepest.load(Ordering::SeqCst), 64);
     drop(sub); // releases the handler's bus clone
+}
+
+/// The depth limit holds for every way a handler publishes, not only
+/// `publish`: a retained publish and a request that reach their own
+/// handler again are refused at the same depth. (They used to recurse
+/// without a limit.)
+#[test]
+fn inline_recursion_is_bounded_for_retained_publishes_and_requests() {
+    for via in ["retained", "request"] {
+        let bus = Bus::<u32>::builder()
+            .delivery(DeliveryMode::Inline)
+            .build()
+            .unwrap();
+        let deepest = Arc::new(AtomicU64::new(0));
+        let refusals = Arc::new(AtomicU64::new(0));
+        let inner = bus.clone();
+        let (deep, refused) = (Arc::clone(&deepest), Arc::clone(&refusals));
+        let sub = bus
+            .subscribe("echo", move |m| {
+                deep.fetch_max(u64::from(*m.data()), Ordering::SeqCst);
+                let next = m.data() + 1;
+                let result = if via == "retained" {
+                    inner.publish_retained("echo", next).map(|_| ())
+                } else {
+                    // Never awaited past its first poll: the nested publish
+                    // happens inside it, as the request is sent.
+                    let request = inner.request("echo", next, Duration::from_millis(1));
+                    let mut request = std::pin::pin!(request);
+                    let waker = std::task::Waker::noop();
+                    match request
+                        .as_mut()
+                        .poll(&mut std::task::Context::from_waker(waker))
+                    {
+                        std::task::Poll::Ready(Err(error)) => Err(error),
+                        _ => Ok(()),
+                    }
+                };
+                if let Err(error) = result {
+                    assert!(matches!(error, Error::RecursionLimit { .. }), "{error}");
+                    refused.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+            .unwrap();
+        let publisher = bus.clone();
+        std::thread::Builder::new()
+            .stack_size(8 << 20)
+            .spawn(move || publisher.publish("echo", 1).unwrap())
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(refusals.load(Ordering::SeqCst), 1, "{via}");
+        assert_eq!(bus.stats().recursion_refused, 1, "{via}");
+        assert_eq!(deepest.load(Ordering::SeqCst), 64, "{via}");
+        drop(sub);
+    }
 }
