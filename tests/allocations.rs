@@ -151,16 +151,25 @@ fn a_burst_to_a_task_bus_spawns_no_task_per_publish() {
         .map(|_| bus.subscribe("alloc/burst", |_| {}).expect("subscribe"))
         .collect();
     bus.publish("alloc/burst", 0).expect("publish");
-    while bus.inflight_messages() > 0 {
-        std::thread::yield_now();
-    }
+    drain(&bus);
     let before = allocations();
     for n in 1..=BURST {
         bus.publish("alloc/burst", n).expect("publish");
     }
     let per = (allocations() - before) as f64 / BURST as f64;
+    drain(&bus);
+    assert!(per <= 2.2, "{per} allocations per publish");
+}
+
+/// Waits until nothing is in flight; fails after a minute instead of
+/// hanging (only a lost delivery could take that long).
+fn drain<T: Send + Sync + 'static>(bus: &Bus<T>) {
+    let started = std::time::Instant::now();
     while bus.inflight_messages() > 0 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "deliveries still in flight after a minute"
+        );
         std::thread::yield_now();
     }
-    assert!(per <= 2.2, "{per} allocations per publish");
 }

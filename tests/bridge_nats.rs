@@ -190,9 +190,13 @@ async fn a_cancelled_close_still_closes_the_connection() {
         // Polled once, then dropped.
         let mut close = Box::pin(bridge.close());
         let waker = std::task::Waker::noop();
-        let _ = close
-            .as_mut()
-            .poll(&mut std::task::Context::from_waker(waker));
+        assert!(
+            close
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(waker))
+                .is_pending(),
+            "close finished in one poll: nothing was cancelled"
+        );
         drop(close);
         let monitor = server_ref(&server);
         eventually("the connection closed", move || {

@@ -352,11 +352,13 @@ async fn inline_publish_under_error_reports_what_it_dropped() {
             async move { r.acquire().await.unwrap().forget() }
         })
         .unwrap();
+    let mut refused = 0;
     for id in 0..M {
         let before = bus.stats().dropped;
         let result = bus.publish("a/x", id);
         let dropped_now = (bus.stats().dropped - before) as usize;
         if dropped_now > 0 {
+            refused += 1;
             match result {
                 Err(Error::Overloaded { dropped, .. }) => assert_eq!(dropped, dropped_now),
                 other => panic!(
@@ -364,8 +366,13 @@ async fn inline_publish_under_error_reports_what_it_dropped() {
                      returned {other:?}"
                 ),
             }
+        } else {
+            assert_eq!(result.ok(), Some(1), "publish {id} dropped nothing");
         }
     }
+    // The first takes the one task slot and waits; every later one finds
+    // the cap full: the case this test is about happened.
+    assert_eq!(refused, M - 1, "publishes that found the task cap full");
     release.add_permits(M as usize);
     bus.close().await.unwrap();
     let stats = bus.stats();

@@ -82,8 +82,10 @@ fn each_publish_reaches_exactly_one_member_and_counts_once() {
 
 /// Four publishers; members (handlers and streams) join and leave all the
 /// while, one handler member stays throughout: every message reaches exactly
-/// one member, none is dropped, and the counters add up. Then the last
-/// members leave with messages still queued: those are counted as dropped.
+/// one member, none is dropped (a stream member that leaves hands its queue
+/// to the others), and the counters add up. What happens when the last
+/// members leave with messages queued is
+/// `a_stream_member_that_leaves_hands_its_queue_over_or_it_is_counted`'s.
 #[test]
 fn members_join_and_leave_under_four_publishers() {
     const PUBLISHERS: u32 = 4;
@@ -139,6 +141,7 @@ fn members_join_and_leave_under_four_publishers() {
                 }
                 done.store(true, Ordering::Relaxed);
                 let rounds = churn.join().unwrap();
+                assert!(rounds > 0, "{what}: no member came and went");
                 assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
                 if let Some((id, got)) = hits.first_mismatch(|_| 1) {
                     panic!(

@@ -303,15 +303,19 @@ async fn recv_lagged_is_cancel_safe_and_woken() {
         // Cancelled while waiting: nothing was queued, nothing is lost.
         let cancelled = tokio::time::timeout(Duration::from_millis(20), rx.recv_lagged()).await;
         assert!(cancelled.is_err(), "{mode:?}: nothing was published yet");
-        for id in 0..3 {
-            bus.publish("c/a", id).unwrap();
-        }
-        // Cancelled by `select!` against a ready branch: the lag and the
-        // messages are all still there afterwards.
-        tokio::select! {
-            biased;
-            _ = std::future::ready(()) => {}
-            _ = rx.recv_lagged() => panic!("{mode:?}: the ready branch comes first"),
+        // Polled once (parked on an empty mailbox), then dropped while
+        // messages arrive: the lag and the messages are all still there.
+        {
+            let mut parked = std::pin::pin!(rx.recv_lagged());
+            let waker = std::task::Waker::noop();
+            let mut cx = std::task::Context::from_waker(waker);
+            assert!(
+                std::future::Future::poll(parked.as_mut(), &mut cx).is_pending(),
+                "{mode:?}: nothing was published yet"
+            );
+            for id in 0..3 {
+                bus.publish("c/a", id).unwrap();
+            }
         }
         assert_eq!(
             lagged_soon(&mut rx).await,
@@ -321,9 +325,13 @@ async fn recv_lagged_is_cancel_safe_and_woken() {
         assert_eq!(lagged_soon(&mut rx).await, Ok(1), "{mode:?}");
         assert_eq!(lagged_soon(&mut rx).await, Ok(2), "{mode:?}");
 
-        // A waiting `recv_lagged` is woken by a publish, then by close.
+        // A waiting `recv_lagged` is woken by a publish (seen before the
+        // bus closes, so close's own wake-up cannot stand in for it), then
+        // by close.
+        let (got_first, first_seen) = tokio::sync::oneshot::channel();
         let waiter = tokio::spawn(async move {
             let first = rx.recv_lagged().await.map(|m| *m.data());
+            let _ = got_first.send(first);
             let end = rx.recv_lagged().await.map(|m| *m.data());
             (first, end)
         });
@@ -332,7 +340,11 @@ async fn recv_lagged_is_cancel_safe_and_woken() {
         std::thread::spawn(move || publisher.publish("c/a", 77).unwrap())
             .join()
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let first = tokio::time::timeout(LIMIT, first_seen)
+            .await
+            .expect("the publish did not wake the waiting recv_lagged")
+            .unwrap();
+        assert_eq!(first, Ok(77), "{mode:?}");
         tokio::time::timeout(LIMIT, bus.close())
             .await
             .expect("close")

@@ -171,10 +171,13 @@ async fn try_recv_recv_and_stream_end_after_close() {
         assert_eq!(*next_item(&mut as_stream).await.unwrap().data(), 0);
         assert_eq!(*next_item(&mut as_stream).await.unwrap().data(), 1);
 
-        // A waiting `recv` is woken by a publish from another thread.
+        // A waiting `recv` is woken by a publish from another thread (seen
+        // before the bus closes, so close's wake-up cannot stand in for it).
         let mut waiting = bus.subscribe_stream("w/wake").unwrap();
+        let (got_first, first_seen) = tokio::sync::oneshot::channel();
         let waiter = tokio::spawn(async move {
             let first = waiting.recv().await.map(|m| *m.data());
+            let _ = got_first.send(first);
             let end = waiting.recv().await.map(|m| *m.data());
             (first, end)
         });
@@ -183,6 +186,11 @@ async fn try_recv_recv_and_stream_end_after_close() {
         std::thread::spawn(move || publisher.publish("w/wake", 77).unwrap())
             .join()
             .unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(10), first_seen)
+            .await
+            .expect("a recv waiting on an empty mailbox was not woken by a publish")
+            .unwrap();
+        assert_eq!(first, Some(77), "{mode:?}");
 
         bus.publish("t/a", 3).unwrap();
         bus.close().await.unwrap();
