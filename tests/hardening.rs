@@ -180,6 +180,54 @@ fn dropping_a_subscription_drops_its_closure() {
     }
 }
 
+/// On a filter with more than 64 subscriptions a plain unsubscribe keeps
+/// the closure until half of them have left (the set is compacted then:
+/// a compaction per removal would make churn quadratic), as the docs say;
+/// `unsubscribe_and_wait` releases it at once, whatever their number.
+#[test]
+fn a_large_filters_closure_is_released_as_documented() {
+    let rt = runtime(1);
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::Inline)
+        .build()
+        .unwrap();
+    let mut others: Vec<Subscription> = (0..100)
+        .map(|_| {
+            let own = Arc::new(());
+            bus.subscribe("t", move |_: &Message<u32>| {
+                let _keep = &own;
+            })
+            .unwrap()
+        })
+        .collect();
+    let subscribe_holding = |token: &Arc<()>| {
+        let held = Arc::clone(token);
+        bus.subscribe("t", move |_: &Message<u32>| {
+            let _keep = &held;
+        })
+        .unwrap()
+    };
+    // `unsubscribe_and_wait`: at once.
+    let waited = Arc::new(());
+    let sub = subscribe_holding(&waited);
+    rt.block_on(sub.unsubscribe_and_wait());
+    assert_eq!(
+        Arc::strong_count(&waited),
+        1,
+        "kept after unsubscribe_and_wait"
+    );
+    // A plain unsubscribe: by the time half the set has left.
+    let plain = Arc::new(());
+    subscribe_holding(&plain).unsubscribe();
+    bus.publish("t", 0).unwrap();
+    let mut left = 1;
+    while Arc::strong_count(&plain) > 1 {
+        assert!(left <= 60, "kept after {left} of 101 left");
+        others.pop().unwrap().unsubscribe();
+        left += 1;
+    }
+}
+
 /// Same for a stream of handlers on one filter, each captured value released
 /// once its own subscription is gone, with publishes running all along.
 #[test]

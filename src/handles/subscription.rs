@@ -18,8 +18,12 @@
 //!   so a handler may unsubscribe itself);
 //!   [`unsubscribe_and_wait`](Subscription::unsubscribe_and_wait) waits for
 //!   them (see `registry/quiesce.rs` for how). Once they have finished, the
-//!   handler closure is dropped. [`detach`](Subscription::detach) keeps it
-//!   for the life of the bus.
+//!   handler closure is dropped, at once if its filter has 64 subscriptions
+//!   or fewer (or with `unsubscribe_and_wait`, whatever their number);
+//!   with more, once half of them have left, when the filter's set is
+//!   compacted (a compaction per removal would make churn on a large filter
+//!   quadratic). [`detach`](Subscription::detach) keeps it for the life of
+//!   the bus.
 //! - The handle reaches its entry through `EntryControl` and its trie,
 //!   weakly, through `Registry`: it never keeps the bus alive. It holds the
 //!   bus's [`Quiescence`] strongly (a few counters, no bus): a pool worker
@@ -121,7 +125,9 @@ impl Subscription {
     /// running, or just about to enter the handler, when this returns. It
     /// does not wait for them (a handler may unsubscribe itself); use
     /// [`Self::unsubscribe_and_wait`] to know that none is left. The handler
-    /// closure is dropped once those calls have finished.
+    /// closure is dropped once those calls have finished if its filter has
+    /// 64 subscriptions or fewer; with more, once half of them have left
+    /// (`unsubscribe_and_wait` drops it at once, whatever their number).
     pub fn unsubscribe(self) {
         drop(self);
     }

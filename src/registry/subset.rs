@@ -23,7 +23,7 @@
 //!   stops at once), and the writer counts it out of `live`. Dead entries stay
 //!   until the writer *compacts* the set — copies the live entries into one
 //!   fresh segment — which it does on every removal while the set is small
-//!   and once a quarter of it is dead otherwise (see `trie.rs`), so each
+//!   and once half of it is dead otherwise (see `trie.rs`), so each
 //!   removal costs O(1) copies on average.
 
 use std::ops::Range;

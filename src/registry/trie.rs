@@ -26,7 +26,9 @@
 //!   while the set is small ([`EAGER_COMPACTION_LEN`] entries or fewer), and
 //!   once half of it is dead otherwise, so each removal costs O(1) copies on average; a pruned
 //!   node's sets are emptied. A removed handler's closure is therefore
-//!   dropped once the publishes already running on its old set finish.
+//!   dropped once the publishes already running on its old set finish,
+//!   in a small set; in a larger one, at the compaction once half of it is
+//!   dead (or at once through `unsubscribe_and_wait`, which compacts).
 //! - **The stamp** a route is checked against ([`Trie::stamp`]) changes,
 //!   after the change is visible, whenever a reader's earlier result for
 //!   that topic may no longer be complete: a filter's node gained its first
