@@ -893,19 +893,10 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let snapshot = store.matching(filter);
         let capacity = mailbox.capacity();
         let mailbox = mailbox.after_snapshot(store.seq);
-        // The newest `capacity` fit; the older ones are lost, counted.
-        let skipped = snapshot.len().saturating_sub(capacity);
-        if skipped > 0 {
-            mailbox.count_lost(skipped as u64);
-            counters.dropped_now(skipped as u64);
-        }
-        let queued = &snapshot[skipped..];
+        let queued = newest_fitting(&mailbox, capacity, &snapshot, counters);
         // In flight before they are queued: the drain finishes each.
         running.extend(queued.len() as u64);
-        for origin in queued {
-            let pushed = mailbox.push(Arc::new(Message::retained_copy(origin)), false);
-            debug_assert!(pushed.queued, "a fresh mailbox has room");
-        }
+        queue_copies(&mailbox, queued, counters);
         let mut make = Some(|filter: Arc<str>| {
             let entry = Arc::new(Subscriber::new(id, mailbox));
             made = Some((Arc::clone(&entry), filter));
@@ -971,22 +962,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 }
                 _ => Mailbox::with_overflow(capacity, overflow),
             };
-            // The newest `capacity` fit; the older ones are lost, counted.
-            let skipped = messages.len().saturating_sub(capacity);
-            if skipped > 0 {
-                mailbox.count_lost(skipped as u64);
-                counters.dropped_now(skipped as u64);
-            }
-            for origin in &messages[skipped..] {
-                // A lossless mailbox keeps only what room was taken for (a
-                // fresh one has room for all of these); whatever a push
-                // drops is counted here as well as in the mailbox.
-                let reserved = mailbox.try_reserve() == Reserve::Taken;
-                let pushed = mailbox.push(Arc::new(Message::retained_copy(origin)), reserved);
-                if pushed.dropped > 0 {
-                    counters.dropped_now(pushed.dropped);
-                }
-            }
+            let fitting = newest_fitting(&mailbox, capacity, &messages, counters);
+            queue_copies(&mailbox, fitting, counters);
             let mut make = Some(|filter: Arc<str>| {
                 let entry = Arc::new(Subscriber::new(id, mailbox));
                 made = Some((Arc::clone(&entry), filter));
@@ -1008,5 +985,35 @@ impl<T: Send + Sync + 'static> Bus<T> {
         }
         let (entry, filter) = made.expect("insert made the entry");
         Ok(self.receiver(entry, filter))
+    }
+}
+
+/// The newest messages of `snapshot` that a fresh mailbox of `capacity`
+/// holds; the older ones are counted lost (in the mailbox and in `Stats`).
+fn newest_fitting<'a, T>(
+    mailbox: &Mailbox<T>,
+    capacity: usize,
+    snapshot: &'a [Arc<Message<T>>],
+    counters: &Counters,
+) -> &'a [Arc<Message<T>>] {
+    let skipped = snapshot.len().saturating_sub(capacity);
+    if skipped > 0 {
+        mailbox.count_lost(skipped as u64);
+        counters.dropped_now(skipped as u64);
+    }
+    &snapshot[skipped..]
+}
+
+/// Queues a retained copy of each of `snapshot` in a fresh mailbox. A
+/// lossless one keeps only what room was taken for (a fresh one has room
+/// for all of these); whatever a push drops is counted in `Stats` as well as
+/// in the mailbox.
+fn queue_copies<T>(mailbox: &Mailbox<T>, snapshot: &[Arc<Message<T>>], counters: &Counters) {
+    for origin in snapshot {
+        let reserved = mailbox.try_reserve() == Reserve::Taken;
+        let pushed = mailbox.push(Arc::new(Message::retained_copy(origin)), reserved);
+        if pushed.dropped > 0 {
+            counters.dropped_now(pushed.dropped);
+        }
     }
 }
