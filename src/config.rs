@@ -46,7 +46,8 @@ pub enum DeliveryMode {
     /// The fastest for cheap handlers; a handler that blocks blocks the
     /// publisher. The threshold does not apply, and the overflow policy only
     /// to async handlers still pending after their first poll when
-    /// `max_inflight_tasks` tasks are already alive.
+    /// `max_inflight_tasks` tasks are already alive and as many deliveries
+    /// wait for a slot (see [`Config::max_inflight_tasks`]).
     Inline,
 }
 
@@ -72,7 +73,9 @@ pub enum Batch {
 }
 
 /// What happens when the worker pool's queue is full, or when
-/// [`Config::max_inflight_tasks`] tasks are already alive.
+/// [`Config::max_inflight_tasks`] tasks are already alive (for an async
+/// handler's delivery still pending after its first poll: and as many
+/// wait for a slot).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Overflow {
@@ -174,7 +177,20 @@ pub struct Config {
     /// The most tasks a `TaskPerSubscriber` bus (or an async handler still
     /// running after its first poll) keeps alive at once. Default 1,024: enough
     /// to keep every core busy through bursts, while a burst of 10,000 publishes
-    /// cannot queue gigabytes of tasks. In `TaskPerSubscriber` mode it also
+    /// cannot queue gigabytes of tasks.
+    ///
+    /// An async handler's delivery still pending after its first poll when
+    /// every slot is taken waits for one, in publish order, among at most
+    /// as many others as the cap; the next task to end runs it. When that
+    /// room is full too, the [`Overflow`] policy applies: `Drop` and `Error`
+    /// cancel it (counted), `Wait` and `CallerRuns` have its runner finish
+    /// it there, blocking the thread (a publisher on a multi-thread
+    /// runtime's thread blocks through `tokio::task::block_in_place`). A
+    /// publisher on a current-thread runtime cannot block for it (the
+    /// future needs that very thread), so there its deliveries keep
+    /// waiting past the room's size, and the bus logs a warning the first
+    /// time: the tasks stay within the cap, but a burst that never yields
+    /// grows the room; publish from a multi-thread runtime, or yield. In `TaskPerSubscriber` mode it also
     /// sizes the lanes a topic's publishes queue in: `max_inflight_tasks /
     /// workers` publishes each (at least 1), queued or running; a full lane
     /// meets the [`Overflow`] policy. Must be at least 1.

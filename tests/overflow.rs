@@ -295,15 +295,12 @@ async fn async_deliveries_beyond_the_task_cap_are_counted() {
         }
         // What may stay in flight while the handlers wait: a task each, and
         // in `TaskPerSubscriber` the publishes their lanes hold (lanes of
-        // `CAP / workers` publishes, one per worker).
-        let room = if mode == DeliveryMode::TaskPerSubscriber {
-            2 * CAP as u64
-        } else {
-            CAP as u64
-        };
+        // `CAP / workers` publishes, one per worker), elsewhere the
+        // deliveries waiting for a task slot (as many as the cap).
+        let room = 2 * CAP as u64;
         // Every delivery has been accepted; wait until each one either
-        // continues as a task, waits in a lane, or was dropped, then let
-        // them finish.
+        // continues as a task, waits in a lane or for a slot, or was
+        // dropped, then let them finish.
         assert!(wait_until(Duration::from_secs(10), || {
             bus.inflight_messages() <= room
         }));
@@ -331,10 +328,10 @@ async fn async_deliveries_beyond_the_task_cap_are_counted() {
 }
 
 /// In `Inline` mode the publisher itself drops an async delivery that finds
-/// the task cap full, so under `Overflow::Error` it can and must say so. (Or,
-/// per `DeliveryMode::Inline`'s docs, "the overflow policy does not apply"
-/// and nothing is dropped; either way a publish may not return `Ok` while it
-/// dropped a delivery under `Error`.)
+/// the task cap and its waiting room full, so under `Overflow::Error` it
+/// can and must say so. (Or, per `DeliveryMode::Inline`'s docs, "the
+/// overflow policy does not apply" and nothing is dropped; either way a
+/// publish may not return `Ok` while it dropped a delivery under `Error`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inline_publish_under_error_reports_what_it_dropped() {
     const M: u32 = 5;
@@ -345,13 +342,7 @@ async fn inline_publish_under_error_reports_what_it_dropped() {
         .build()
         .unwrap();
     let release = Arc::new(tokio::sync::Semaphore::new(0));
-    let r = Arc::clone(&release);
-    let _sub = bus
-        .subscribe_async("a/x", move |_: Arc<Message<u32>>| {
-            let r = Arc::clone(&r);
-            async move { r.acquire().await.unwrap().forget() }
-        })
-        .unwrap();
+    let _sub = gated_async_subscription(&bus, &release);
     let mut refused = 0;
     for id in 0..M {
         let before = bus.stats().dropped;
@@ -370,9 +361,10 @@ async fn inline_publish_under_error_reports_what_it_dropped() {
             assert_eq!(result.ok(), Some(1), "publish {id} dropped nothing");
         }
     }
-    // The first takes the one task slot and waits; every later one finds
-    // the cap full: the case this test is about happened.
-    assert_eq!(refused, M - 1, "publishes that found the task cap full");
+    // The first takes the one task slot, the second waits for it in the
+    // waiting room (which holds as many as the cap), and every later one
+    // finds both full: the case this test is about happened.
+    assert_eq!(refused, M - 2, "publishes that found the task cap full");
     release.add_permits(M as usize);
     bus.close().await.unwrap();
     let stats = bus.stats();
@@ -395,16 +387,7 @@ async fn a_task_runner_finishes_its_own_async_delivery_at_the_cap() {
         .build()
         .unwrap();
     let hits = Arc::new(Hits::new(M as usize));
-    let h = Arc::clone(&hits);
-    let _sub = bus
-        .subscribe_async("a/x", move |m: Arc<Message<u32>>| {
-            let h = Arc::clone(&h);
-            async move {
-                tokio::task::yield_now().await;
-                h.hit(*m.data());
-            }
-        })
-        .unwrap();
+    let _sub = yielding_async_subscription(&bus, &hits);
     for id in 0..M {
         // One at a time: the runner task is the only task alive.
         bus.publish("a/x", id).unwrap();
@@ -485,4 +468,212 @@ fn wait_on_a_one_worker_runtime_with_async_handlers_at_the_task_cap_returns() {
             .build()
             .unwrap(),
     );
+}
+
+/// An async handler on `a/x` that yields once (so it is still pending
+/// after its first poll), then records the message in `hits`.
+fn yielding_async_subscription(bus: &Bus<u32>, hits: &Arc<Hits>) -> Subscription {
+    let hits = Arc::clone(hits);
+    bus.subscribe_async("a/x", move |m: Arc<Message<u32>>| {
+        let hits = Arc::clone(&hits);
+        async move {
+            tokio::task::yield_now().await;
+            hits.hit(*m.data());
+        }
+    })
+    .unwrap()
+}
+
+/// An async handler on `a/x` that awaits a permit of `gate` per message.
+fn gated_async_subscription(bus: &Bus<u32>, gate: &Arc<tokio::sync::Semaphore>) -> Subscription {
+    let gate = Arc::clone(gate);
+    bus.subscribe_async("a/x", move |_: Arc<Message<u32>>| {
+        let gate = Arc::clone(&gate);
+        async move { gate.acquire().await.unwrap().forget() }
+    })
+    .unwrap()
+}
+
+/// `max_inflight_tasks` bounds the tasks an async handler's pending
+/// deliveries keep alive when the publisher is a task on a multi-thread
+/// runtime (it used to spawn one task per delivery past the cap, with
+/// no bound). Past the cap a delivery waits in the waiting room; past that
+/// the publisher runs it itself, under `Wait` and `CallerRuns` alike,
+/// blocking in `block_in_place` while the runtime's other tasks move on.
+/// A thread releases the handlers slowly, one message at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_task_cap_bounds_a_runtime_publishers_pending_deliveries() {
+    const CAP: usize = 4;
+    const N: u32 = 400;
+    for overflow in [Overflow::Wait, Overflow::CallerRuns] {
+        let bus = Bus::<u32>::builder()
+            .delivery(DeliveryMode::Inline)
+            .max_inflight_tasks(CAP)
+            .overflow(overflow)
+            .build()
+            .unwrap();
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let _sub = gated_async_subscription(&bus, &gate);
+        let releaser = {
+            let gate = Arc::clone(&gate);
+            std::thread::spawn(move || {
+                for _ in 0..N {
+                    std::thread::sleep(Duration::from_micros(200));
+                    gate.add_permits(1);
+                }
+            })
+        };
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let before = metrics.num_alive_tasks();
+        let mut most_alive = 0;
+        for id in 0..N {
+            bus.publish("a/x", id).unwrap();
+            most_alive = most_alive.max(metrics.num_alive_tasks().saturating_sub(before));
+        }
+        let still_blocked = bus.inflight_messages();
+        releaser.join().unwrap();
+        bus.close().await.unwrap();
+        let stats = bus.stats();
+        // Tokio still counts a task that has given its slot back until its
+        // last poll returns: one per runtime worker at most.
+        assert!(
+            most_alive <= CAP + 2,
+            "{overflow:?}: {most_alive} tasks alive with max_inflight_tasks = {CAP}"
+        );
+        assert!(
+            still_blocked <= 2 * CAP as u64 + 1,
+            "{overflow:?}: {still_blocked} deliveries pending after the loop: tasks, the \
+             waiting room and the one the publisher ran are all there can be"
+        );
+        assert_eq!(
+            (stats.delivered, stats.dropped),
+            (u64::from(N), 0),
+            "{overflow:?}: every message delivered, none dropped"
+        );
+    }
+}
+
+/// A publisher on a current-thread runtime can neither wait nor block for
+/// a pending delivery (its own thread runs them), so past the cap its
+/// deliveries wait in the room, which then grows past its size; the tasks
+/// alive still stay within the cap, and everything is delivered once the
+/// publisher yields.
+#[test]
+fn a_current_thread_publisher_keeps_the_task_cap_and_loses_nothing() {
+    const CAP: usize = 2;
+    const N: u32 = 300;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let bus = Bus::<u32>::builder()
+            .delivery(DeliveryMode::Inline)
+            .max_inflight_tasks(CAP)
+            .build()
+            .unwrap();
+        let hits = Arc::new(Hits::new(N as usize));
+        let _sub = yielding_async_subscription(&bus, &hits);
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let before = metrics.num_alive_tasks();
+        let mut most_alive = 0;
+        for id in 0..N {
+            bus.publish("a/x", id).unwrap();
+            most_alive = most_alive.max(metrics.num_alive_tasks().saturating_sub(before));
+        }
+        assert!(
+            most_alive <= CAP,
+            "{most_alive} tasks alive with max_inflight_tasks = {CAP}"
+        );
+        tokio::time::timeout(Duration::from_secs(30), bus.close())
+            .await
+            .expect("close timed out")
+            .unwrap();
+        let stats = bus.stats();
+        assert_eq!((stats.delivered, stats.dropped), (u64::from(N), 0));
+        hits.assert_exactly_once("async handler");
+    });
+}
+
+/// Under `Drop`, a pending delivery past the cap waits in the room while
+/// it has space, and only then is dropped: with a cap of one, of four
+/// messages to a handler that waits, one runs, one waits, two are dropped;
+/// the waiting one runs once the first ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_delivery_waits_for_a_slot_before_the_policy_applies() {
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::Inline)
+        .max_inflight_tasks(1)
+        .overflow(Overflow::Drop)
+        .build()
+        .unwrap();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let _sub = gated_async_subscription(&bus, &gate);
+    for id in 0..4 {
+        bus.publish("a/x", id).unwrap();
+    }
+    assert_eq!(
+        bus.stats().dropped,
+        2,
+        "two found the slot and the room full"
+    );
+    assert_eq!(bus.inflight_messages(), 2, "one runs, one waits");
+    gate.add_permits(1);
+    assert!(wait_until(Duration::from_secs(10), || bus
+        .stats()
+        .delivered
+        == 1));
+    assert_eq!(
+        bus.inflight_messages(),
+        1,
+        "the waiting delivery took the freed slot"
+    );
+    gate.add_permits(1);
+    tokio::time::timeout(Duration::from_secs(10), bus.close())
+        .await
+        .expect("close timed out: the waiting delivery never started")
+        .unwrap();
+    assert_eq!((bus.stats().delivered, bus.stats().dropped), (2, 2));
+}
+
+/// A runtime shut down while deliveries wait for a slot: its tasks are
+/// cancelled, each slot they give back starts a waiting delivery the
+/// runtime refuses at once, and every one is counted as dropped, so
+/// nothing accepted goes uncounted and the bus is idle.
+#[test]
+fn a_runtime_shut_down_counts_the_waiting_deliveries() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let bus = {
+        let _context = runtime.enter();
+        Bus::<u32>::builder()
+            .delivery(DeliveryMode::Inline)
+            .max_inflight_tasks(2)
+            .build()
+            .unwrap()
+    };
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let _sub = gated_async_subscription(&bus, &gate);
+    // Published from outside the runtime: two take the slots, two wait
+    // (with no room to wait in, the third would block its publisher).
+    let (published, done) = std::sync::mpsc::channel();
+    let publisher = bus.clone();
+    std::thread::spawn(move || {
+        for id in 0..4 {
+            publisher.publish("a/x", id).unwrap();
+        }
+        let _ = published.send(());
+    });
+    assert!(
+        done.recv_timeout(Duration::from_secs(10)).is_ok(),
+        "the publisher blocked on a delivery instead of letting it wait"
+    );
+    assert_eq!(bus.inflight_messages(), 4);
+    drop(runtime);
+    let stats = bus.stats();
+    assert_eq!((stats.delivered, stats.dropped), (0, 4));
+    assert_eq!(bus.inflight_messages(), 0);
 }

@@ -6,26 +6,36 @@
 //! the bus's runtime, so an awaiting handler never holds up a runner. Those
 //! tasks count against `max_inflight_tasks`. At the cap, a task runner
 //! finishes the future itself (it already holds a task slot; its pending
-//! deliveries are awaited together), and elsewhere the overflow policy
-//! decides:
-//! - `CallerRuns`: a worker thread blocks on the future; a publisher blocks on
-//!   it if it is outside any runtime, and otherwise (it may not block a
-//!   runtime thread) lets it continue as a task beyond the cap;
+//! deliveries are awaited together); elsewhere the future waits for a slot
+//! in the bus's waiting room (`waiting_room.rs`, as many futures as the
+//! cap), in publish order, and the next task to end starts it. Only when
+//! the room is full too does the overflow policy decide:
+//! - `Wait` / `CallerRuns`: the delivery's runner finishes the future
+//!   itself, blocking its thread: a worker thread, a publisher outside any
+//!   runtime, or a publisher on a multi-thread runtime's thread (through
+//!   `tokio::task::block_in_place`, so the runtime's other tasks move to
+//!   another thread). A publisher on a current-thread runtime can do
+//!   neither (blocking its thread would stop the future it waits for), so
+//!   its future joins the room past the cap: the tasks alive stay within
+//!   the cap, but the room grows with a burst that never yields, and the
+//!   first time that happens a bus logs a warning;
 //! - `Drop` / `Error`: the future is cancelled and counted as dropped (in
 //!   `Inline` mode `publish` then returns `Error::Overloaded` under `Error`).
 //!
-//! A continued delivery stays in flight until its future completes, panics
-//! (caught and counted) or is cancelled by the runtime shutting down (counted
-//! as dropped), so `close` waits for it.
+//! A continued or waiting delivery stays in flight until its future
+//! completes, panics (caught and counted) or is cancelled by the runtime
+//! shutting down or the bus going away (counted as dropped), so `close`
+//! waits for it.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use tokio::runtime::Handle;
+use tokio::runtime::{Handle, RuntimeFlavor};
 
 use super::permit::TaskPermit;
 use super::{report_panic, Env};
@@ -74,7 +84,7 @@ pub(crate) fn settle(
         return None;
     };
     if let Some(permit) = TaskPermit::acquire(env) {
-        handle.spawn(finish(future, Arc::clone(env), Some(permit)));
+        handle.spawn(finish(future, Arc::clone(env), permit));
         return None;
     }
     if place == Place::Task {
@@ -82,44 +92,113 @@ pub(crate) fn settle(
         // there takes no new one, whatever the policy.
         return Some(future);
     }
+    let future = match env.tasks.waiting.push(future, false) {
+        Ok(()) => {
+            // Every slot may have been given back since `acquire` looked.
+            start_waiting(env);
+            return None;
+        }
+        Err(future) => future,
+    };
     match env.overflow {
         Overflow::Drop | Overflow::Error => {
             drop(future);
             tally.dropped += 1;
             tally.finished += 1;
-            None
         }
-        // A pending async delivery past the task cap is finished where it
-        // is, waiting or not: there is no queue to wait for room in.
-        Overflow::Wait | Overflow::CallerRuns => match place {
-            Place::Publisher if Handle::try_current().is_ok() => {
-                handle.spawn(finish(future, Arc::clone(env), None));
-                None
+        Overflow::Wait | Overflow::CallerRuns => match Handle::try_current() {
+            Ok(current) if place == Place::Publisher => {
+                if current.runtime_flavor() == RuntimeFlavor::MultiThread {
+                    let outcome =
+                        tokio::task::block_in_place(|| handle.block_on(CatchUnwind(future)));
+                    record(outcome, tally);
+                } else {
+                    if env.tasks.waiting.first_overfill() {
+                        tracing::warn!(
+                            cap = env.tasks.cap(),
+                            "async deliveries past max_inflight_tasks wait beyond the \
+                             waiting room: a publisher on a current-thread runtime can \
+                             neither wait nor block for them"
+                        );
+                    }
+                    let _ = env.tasks.waiting.push(future, true);
+                    start_waiting(env);
+                }
             }
-            Place::Worker | Place::Publisher | Place::Task => {
-                record(handle.block_on(CatchUnwind(future)), tally);
-                None
-            }
+            _ => record(handle.block_on(CatchUnwind(future)), tally),
         },
+    }
+    None
+}
+
+/// Starts the deliveries waiting for a task slot, one per slot free now.
+/// Called by every slot given back while some wait (`TaskPermit`'s drop),
+/// and after a delivery is put in the room.
+pub(crate) fn start_waiting(env: &Arc<Env>) {
+    // A task the runtime refuses (it is shutting down) is dropped inside
+    // `spawn`, giving its slot back, which calls this again: the loop
+    // already running on this thread for the same bus picks that slot up,
+    // instead of a recursion as deep as the room.
+    #[cfg(not(loom))]
+    std::thread_local!(static STARTING: Cell<usize> = const { Cell::new(0) });
+    #[cfg(loom)]
+    loom::thread_local!(static STARTING: Cell<usize> = Cell::new(0));
+    let bus = Arc::as_ptr(env) as usize;
+    if STARTING.with(Cell::get) == bus {
+        return;
+    }
+    let Some(handle) = env.handle.as_ref() else {
+        return;
+    };
+    let _starting = Starting(STARTING.with(|starting| starting.replace(bus)));
+    env.tasks.waiting.hand_out(&env.tasks, |future| {
+        let permit = TaskPermit::adopt(env);
+        handle.spawn(finish(future, Arc::clone(env), permit));
+    });
+
+    struct Starting(usize);
+    impl Drop for Starting {
+        fn drop(&mut self) {
+            let outer = self.0;
+            STARTING.with(|starting| starting.set(outer));
+        }
     }
 }
 
-/// Runs a pending delivery to its end as a task, accounting for it. The
-/// accounting guard is built before the task is spawned, so a task the
-/// runtime drops unpolled still counts its delivery (as dropped).
-fn finish(
-    future: BoxFuture,
-    env: Arc<Env>,
-    permit: Option<TaskPermit>,
-) -> impl Future<Output = ()> + Send {
-    let mut outcome = Outcome {
-        env,
-        tally: Tally::default(),
-        settled: false,
-    };
+/// Counts the deliveries still waiting for a task slot as dropped: the bus
+/// is going away.
+pub(super) fn drop_waiting(env: &Env) {
+    let left = env.tasks.waiting.take_all();
+    let count = left.len() as u64;
+    drop(left);
+    if count > 0 {
+        env.counters.add(&Tally {
+            finished: count,
+            dropped: count,
+            ..Tally::default()
+        });
+    }
+}
+
+/// Runs a pending delivery to its end as a task, accounting for it, then
+/// the deliveries waiting for a slot, in the same task and slot, until none
+/// is left. The accounting guard is built before the task is spawned, so a
+/// task the runtime drops unpolled still counts its delivery (as dropped).
+fn finish(future: BoxFuture, env: Arc<Env>, permit: TaskPermit) -> impl Future<Output = ()> + Send {
+    let mut outcome = Outcome::new(Arc::clone(&env));
     async move {
-        record(CatchUnwind(future).await, &mut outcome.tally);
-        outcome.settled = true;
+        let mut future = future;
+        loop {
+            record(CatchUnwind(future).await, &mut outcome.tally);
+            outcome.settled = true;
+            let next = env.tasks.waiting.take_one();
+            let Some(next) = next else { break };
+            future = next;
+            drop(std::mem::replace(
+                &mut outcome,
+                Outcome::new(Arc::clone(&env)),
+            ));
+        }
         // The slot first, then the count: a publisher that sees the delivery
         // finished finds the slot free.
         drop(permit);
@@ -186,13 +265,23 @@ fn record(outcome: Result<(), Box<dyn Any + Send>>, tally: &mut Tally) {
     tally.finished += 1;
 }
 
-/// Adds a continued delivery's outcome to the counters when its task ends,
-/// however it ends: a task dropped by a runtime shutting down counts as
-/// dropped.
+/// Adds a continued delivery's outcome to the counters when its task is
+/// done with it, however that ends: a task dropped by a runtime shutting
+/// down counts its delivery as dropped.
 struct Outcome {
     env: Arc<Env>,
     tally: Tally,
     settled: bool,
+}
+
+impl Outcome {
+    fn new(env: Arc<Env>) -> Self {
+        Self {
+            env,
+            tally: Tally::default(),
+            settled: false,
+        }
+    }
 }
 
 impl Drop for Outcome {
