@@ -915,7 +915,11 @@ impl crate::dispatch::Runner<u32> for LaneModelRunner {
         false
     }
 
-    fn pending(&mut self, _delivery: crate::registry::entry::BoxFuture, _tally: &mut Tally) {
+    fn pending(
+        &mut self,
+        _delivery: crate::registry::entry::BoxFuture,
+        _tally: &mut Tally,
+    ) -> bool {
         unreachable!("the lane model's handlers are sync");
     }
 }

@@ -495,6 +495,65 @@ fn close_from_an_async_handler_in_a_multi_delivery_claim_waits_for_others() {
     }
 }
 
+/// `close()` blocked on by a sync handler waits for an async delivery the
+/// same runner ran just before it, whose future is still pending and
+/// continues as a task: that delivery left the runner's stack, so the
+/// handler's caller no longer holds it. (The runner's claim used to keep
+/// counting it as the caller's until the run ended, and `close` returned
+/// with it still running.) One pool worker runs both deliveries of the
+/// publish, the async one first.
+#[test]
+fn close_from_a_handler_waits_for_an_async_delivery_its_runner_handed_to_a_task() {
+    const LIMIT: Duration = Duration::from_secs(10);
+    let rt = common::runtime(2);
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::WorkerPool)
+        .workers(1)
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let async_done = Arc::new(AtomicU64::new(0));
+    let _waiting = {
+        let (gate, done) = (Arc::clone(&gate), Arc::clone(&async_done));
+        bus.subscribe_async("t", move |_| {
+            let (gate, done) = (Arc::clone(&gate), Arc::clone(&done));
+            async move {
+                gate.acquire().await.unwrap().forget();
+                done.store(1, Ordering::SeqCst);
+            }
+        })
+        .unwrap()
+    };
+    let closed = Arc::new(common::Countdown::new());
+    let saw_async_done = Arc::new(AtomicU64::new(u64::MAX));
+    let _closer = {
+        let (inner, handle) = (bus.clone(), rt.handle().clone());
+        let (closed, saw, done) = (
+            Arc::clone(&closed),
+            Arc::clone(&saw_async_done),
+            Arc::clone(&async_done),
+        );
+        bus.subscribe("t", move |_: &Message<u32>| {
+            let result = handle.block_on(inner.close());
+            assert!(result.is_ok(), "{result:?}");
+            saw.store(done.load(Ordering::SeqCst), Ordering::SeqCst);
+            closed.arrive();
+        })
+        .unwrap()
+    };
+    bus.publish("t", 1).unwrap();
+    // Long enough for a `close` that does not wait to have returned.
+    let returned_early = closed.wait_for(1, Duration::from_millis(300));
+    gate.add_permits(1);
+    assert!(closed.wait_for(1, LIMIT), "close never returned");
+    assert!(
+        !returned_early && saw_async_done.load(Ordering::SeqCst) == 1,
+        "close returned while the async delivery was still running"
+    );
+    assert_eq!(bus.stats().delivered, 2);
+}
+
 /// `close()` of bus B, blocked on by a handler of bus A on a pool worker,
 /// returns Ok only once B's running delivery has finished: what the
 /// worker's stack holds is A's, not B's, so it is waited for like any.

@@ -154,7 +154,7 @@ impl<T: Send + Sync + 'static> Batch<T> {
         first.resuming(&mut progress, tally, |progress, tally| {
             self.work(first, env, runner, progress, tally);
         });
-        quiesce::unhold(&env.quiescence, progress.claimed as u64);
+        progress.exceptions.unhold_rest(env, progress.claimed);
         progress.exceptions.add_to(progress.claimed, tally);
     }
 
@@ -273,7 +273,7 @@ impl<T: Send + Sync + 'static> Batch<T> {
                                 p.member = from + offset;
                                 let delivery = p.current + p.member;
                                 p.exceptions
-                                    .unfinished(started, first, delivery, runner, tally);
+                                    .unfinished(started, first, delivery, runner, env, tally);
                             }
                         }
                         from = 0;

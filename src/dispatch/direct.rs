@@ -16,7 +16,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use super::pending::{self, Place};
+use super::pending::{self, Handed, Place};
 use super::{report_panic, Env};
 use crate::message::Message;
 use crate::registry::entry::Sink;
@@ -37,7 +37,8 @@ pub(crate) fn deliver_now<T: Send + Sync + 'static>(
             Some(future) => match env.counters.begin_publish() {
                 Ok(mut admitted) => {
                     admitted.accept(1);
-                    if let Some(future) = pending::settle(future, env, Place::Publisher, &mut tally)
+                    if let Handed::Back(future) =
+                        pending::settle(future, env, Place::Publisher, &mut tally)
                     {
                         // Only a task runner gets a future back; finish it here.
                         drop(future);

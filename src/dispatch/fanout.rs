@@ -98,8 +98,10 @@ pub(crate) trait Runner<T> {
     /// Starts one more runner on `job` if that can be done without waiting.
     fn offer_helper(&mut self, job: &Fanout<T>) -> bool;
     /// Takes over an async delivery still running after its first poll. It
-    /// must eventually finish it and account for it.
-    fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally);
+    /// must eventually finish it and account for it. True if it now
+    /// continues off this thread's stack (a task, or the wait for a task
+    /// slot), where the runner's claim no longer holds it.
+    fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) -> bool;
 }
 
 /// One runner's position in a job.
@@ -252,7 +254,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         self.resuming(&mut progress, tally, |progress, tally| {
             self.work(env, runner, progress, tally);
         });
-        quiesce::unhold(&env.quiescence, progress.claimed as u64);
+        progress.exceptions.unhold_rest(env, progress.claimed);
         progress.exceptions.add_to(progress.claimed, tally);
         if R::SHARES_JOBS {
             self.runners.fetch_sub(1, Ordering::Relaxed);
@@ -334,7 +336,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                             if !matches!(started, Ok(None)) {
                                 p.current = current;
                                 p.exceptions
-                                    .unfinished(started, self, current, runner, tally);
+                                    .unfinished(started, self, current, runner, env, tally);
                             }
                         }
                         // Unsubscribed since the publish (or never published).
@@ -538,6 +540,9 @@ pub(super) struct Exceptions {
     pub(super) not_delivered: usize,
     /// Of those: async deliveries handed over to the runner, unfinished.
     handed_over: usize,
+    /// Of those: handed over to run off this thread's stack, so no longer
+    /// held by it (see `quiesce::held_here`).
+    away: usize,
     /// Ordered deliveries that counted what they ran themselves.
     pub(super) settled: Settled,
 }
@@ -550,11 +555,23 @@ impl Exceptions {
         &mut self,
         future: BoxFuture,
         runner: &mut impl Runner<T>,
+        env: &Env,
         tally: &mut Tally,
     ) {
         self.handed_over += 1;
         self.not_delivered += 1;
-        runner.pending(future, tally);
+        if runner.pending(future, tally) {
+            // A `close` called further up this stack must wait for it now:
+            // it may finish before anything here does.
+            self.away += 1;
+            quiesce::unhold(&env.quiescence, 1);
+        }
+    }
+
+    /// Lets go of the deliveries of a run that claimed `claimed` which this
+    /// thread's stack still holds, as the run ends.
+    pub(super) fn unhold_rest(&self, env: &Env, claimed: usize) {
+        quiesce::unhold(&env.quiescence, (claimed - self.away) as u64);
     }
 
     /// A delivery of `job` (the `delivery`th) that [`start`] left
@@ -565,11 +582,12 @@ impl Exceptions {
         job: &Fanout<T>,
         delivery: usize,
         runner: &mut impl Runner<T>,
+        env: &Env,
         tally: &mut Tally,
     ) {
         match started {
             Ok(None) => {}
-            Ok(Some(future)) => self.hand_over(future, runner, tally),
+            Ok(Some(future)) => self.hand_over(future, runner, env, tally),
             Err(panic) => self.panicked(job, delivery, panic.as_ref(), tally),
         }
     }
@@ -693,7 +711,7 @@ mod tests {
             false
         }
 
-        fn pending(&mut self, _delivery: BoxFuture, _tally: &mut Tally) {
+        fn pending(&mut self, _delivery: BoxFuture, _tally: &mut Tally) -> bool {
             unreachable!("sync handlers only")
         }
     }

@@ -9,7 +9,7 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use super::pending::{self, Place};
+use super::pending::{self, Handed, Place};
 use super::{Env, Fanout, Runner};
 use crate::registry::entry::BoxFuture;
 use crate::stats::Tally;
@@ -71,7 +71,10 @@ impl<T: Send + Sync + 'static> Runner<T> for InlineRunner<'_> {
         false
     }
 
-    fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) {
-        pending::settle(delivery, self.env, Place::Publisher, tally);
+    fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) -> bool {
+        matches!(
+            pending::settle(delivery, self.env, Place::Publisher, tally),
+            Handed::Away
+        )
     }
 }

@@ -68,35 +68,41 @@ pub(crate) enum Place {
     Publisher,
 }
 
-/// Takes over a pending delivery. Returns it back only when `place` is
+/// Where [`settle`] left a pending delivery.
+pub(crate) enum Handed {
+    /// It continues off this thread's stack (a task, or the waiting room)
+    /// and will count its own outcome.
+    Away,
+    /// It was finished or dropped here, and its outcome is in the tally.
+    Done,
+    /// Back to the task runner, which awaits it itself.
+    Back(BoxFuture),
+}
+
+/// Takes over a pending delivery. Hands it back only when `place` is
 /// [`Place::Task`] and the task runner must await it itself.
-pub(crate) fn settle(
-    future: BoxFuture,
-    env: &Arc<Env>,
-    place: Place,
-    tally: &mut Tally,
-) -> Option<BoxFuture> {
+pub(crate) fn settle(future: BoxFuture, env: &Arc<Env>, place: Place, tally: &mut Tally) -> Handed {
     let Some(handle) = env.handle.as_ref() else {
         // Async subscriptions are refused on a bus without a runtime.
         tracing::error!("an async delivery has no runtime to continue on; dropped");
         tally.dropped += 1;
         tally.finished += 1;
-        return None;
+        return Handed::Done;
     };
     if let Some(permit) = TaskPermit::acquire(env) {
         handle.spawn(finish(future, Arc::clone(env), permit));
-        return None;
+        return Handed::Away;
     }
     if place == Place::Task {
         // A task runner already holds a task slot: finishing the delivery
         // there takes no new one, whatever the policy.
-        return Some(future);
+        return Handed::Back(future);
     }
     let future = match env.tasks.waiting.push(future, false) {
         Ok(()) => {
             // Every slot may have been given back since `acquire` looked.
             start_waiting(env);
-            return None;
+            return Handed::Away;
         }
         Err(future) => future,
     };
@@ -123,12 +129,13 @@ pub(crate) fn settle(
                     }
                     let _ = env.tasks.waiting.push(future, true);
                     start_waiting(env);
+                    return Handed::Away;
                 }
             }
             _ => record(handle.block_on(CatchUnwind(future)), tally),
         },
     }
-    None
+    Handed::Done
 }
 
 /// Starts the deliveries waiting for a task slot, one per slot free now.

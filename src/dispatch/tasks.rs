@@ -62,7 +62,7 @@ use tokio::runtime::Handle;
 
 use super::lane::{Lane, Next, Pushed, Server, Work};
 use super::lane_watch::LaneWatch;
-use super::pending::{self, Place};
+use super::pending::{self, Handed, Place};
 use super::permit::TaskPermit;
 use super::pool::STALL;
 use super::{caller_runs, refused, Env, Fanout, Runner};
@@ -524,9 +524,14 @@ impl<T: Send + Sync + 'static> Runner<T> for TaskModeRunner<'_> {
         false
     }
 
-    fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) {
-        if let Some(future) = pending::settle(delivery, self.env, self.place, tally) {
-            self.awaited.push(future);
+    fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) -> bool {
+        match pending::settle(delivery, self.env, self.place, tally) {
+            Handed::Away => true,
+            Handed::Done => false,
+            Handed::Back(future) => {
+                self.awaited.push(future);
+                false
+            }
         }
     }
 }

@@ -78,7 +78,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use self::shared::{Shared, Ticket};
-use super::pending::{self, Place};
+use super::pending::{self, Handed, Place};
 use super::{caller_runs, refused, Env, Fanout, Runner};
 use crate::config::Overflow;
 use crate::error::Error;
@@ -232,16 +232,19 @@ impl<T: Send + Sync + 'static> Runner<T> for PoolRunner<'_, T> {
         true
     }
 
-    fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) {
+    fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) -> bool {
         if self.place != Place::Worker {
-            pending::settle(delivery, self.env, self.place, tally);
-            return;
+            return matches!(
+                pending::settle(delivery, self.env, self.place, tally),
+                Handed::Away
+            );
         }
         // Counted while it may drive the future itself (see
         // `Shared::push_waiting`); a panic there is caught inside.
         self.shared.driving.fetch_add(1, Ordering::SeqCst);
-        pending::settle(delivery, self.env, self.place, tally);
+        let handed = pending::settle(delivery, self.env, self.place, tally);
         self.shared.driving.fetch_sub(1, Ordering::SeqCst);
+        matches!(handed, Handed::Away)
     }
 }
 
