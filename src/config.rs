@@ -177,23 +177,31 @@ pub struct Config {
     /// The most tasks a `TaskPerSubscriber` bus (or an async handler still
     /// running after its first poll) keeps alive at once. Default 1,024: enough
     /// to keep every core busy through bursts, while a burst of 10,000 publishes
-    /// cannot queue gigabytes of tasks.
-    ///
-    /// An async handler's delivery still pending after its first poll when
-    /// every slot is taken waits for one, in publish order, among at most
-    /// as many others as the cap; the next task to end runs it. When that
-    /// room is full too, the [`Overflow`] policy applies: `Drop` and `Error`
-    /// cancel it (counted), `Wait` and `CallerRuns` have its runner finish
-    /// it there, blocking the thread (a publisher on a multi-thread
-    /// runtime's thread blocks through `tokio::task::block_in_place`). A
-    /// publisher on a current-thread runtime cannot block for it (the
-    /// future needs that very thread), so there its deliveries keep
-    /// waiting past the room's size, and the bus logs a warning the first
-    /// time: the tasks stay within the cap, but a burst that never yields
-    /// grows the room; publish from a multi-thread runtime, or yield. In `TaskPerSubscriber` mode it also
+    /// cannot queue gigabytes of tasks. In `TaskPerSubscriber` mode it also
     /// sizes the lanes a topic's publishes queue in: `max_inflight_tasks /
     /// workers` publishes each (at least 1), queued or running; a full lane
     /// meets the [`Overflow`] policy. Must be at least 1.
+    ///
+    /// An async handler's delivery still pending after its first poll when
+    /// every slot is taken:
+    /// - run by a `TaskPerSubscriber` task: that task finishes it;
+    /// - started from inside an async handler of the same bus (one that
+    ///   publishes or requests): it continues as a task past the cap,
+    ///   since that handler may hold the last slot while it awaits this
+    ///   very delivery (a request's answer);
+    /// - on the publisher's thread: it waits for a slot, in publish order,
+    ///   among at most as many others as the cap, and the next task to end
+    ///   runs it. When that room is full too, the [`Overflow`] policy
+    ///   applies, as it does at once on a pool worker: `Drop` and `Error`
+    ///   cancel it (counted), `Wait` and `CallerRuns` have its runner
+    ///   finish it there, blocking the thread (a publisher on a
+    ///   multi-thread runtime's thread blocks through
+    ///   `tokio::task::block_in_place`). A publisher on a current-thread
+    ///   runtime cannot block for it (the future needs that very thread),
+    ///   so there its deliveries keep waiting past the room's size, and the
+    ///   bus logs a warning the first time: the tasks stay within the cap,
+    ///   but a burst that never yields grows the room; publish from a
+    ///   multi-thread runtime, or yield.
     pub max_inflight_tasks: usize,
     /// How many messages a stream subscription's mailbox holds. When it is full
     /// the oldest message is dropped and counted, so `publish` never waits for a

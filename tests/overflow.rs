@@ -677,3 +677,57 @@ fn a_runtime_shut_down_counts_the_waiting_deliveries() {
     assert_eq!((stats.delivered, stats.dropped), (0, 4));
     assert_eq!(bus.inflight_messages(), 0);
 }
+
+/// An async handler that holds the only task slot and awaits a request
+/// whose responder is itself an async handler still pending after its
+/// first poll: the responder cannot wait for the slot its own requester
+/// holds, or neither would ever move. It continues as a task past the
+/// cap instead, in every mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_from_a_task_holding_the_last_slot_is_answered() {
+    for mode in MODES {
+        let bus = Bus::<u32>::builder()
+            .delivery(mode)
+            .max_inflight_tasks(1)
+            .build()
+            .unwrap();
+        let responder = bus.clone();
+        let _responder = bus
+            .subscribe_async("rpc", move |m: Arc<Message<u32>>| {
+                let bus = responder.clone();
+                async move {
+                    tokio::task::yield_now().await;
+                    bus.reply(&m, *m.data() + 1).unwrap();
+                }
+            })
+            .unwrap();
+        let (answered, answer) = tokio::sync::oneshot::channel();
+        let answered = std::sync::Mutex::new(Some(answered));
+        let requester = bus.clone();
+        let _requester = bus
+            .subscribe_async("go", move |_: Arc<Message<u32>>| {
+                let bus = requester.clone();
+                let answered = answered.lock().unwrap().take();
+                async move {
+                    // Pending at its first poll: continued as a task.
+                    tokio::task::yield_now().await;
+                    let reply = bus.request("rpc", 41, Duration::from_secs(5)).await;
+                    if let Some(answered) = answered {
+                        let _ = answered.send(reply.map(|m| *m.data()));
+                    }
+                }
+            })
+            .unwrap();
+        bus.publish("go", 0).unwrap();
+        let reply = tokio::time::timeout(Duration::from_secs(10), answer)
+            .await
+            .expect("the requester never finished")
+            .unwrap();
+        assert_eq!(
+            reply.ok(),
+            Some(42),
+            "{mode:?}: the request was not answered"
+        );
+        bus.close().await.unwrap();
+    }
+}

@@ -4,23 +4,30 @@
 //! worker, a task runner, or the publisher). Most handlers finish then and
 //! cost nothing more. One that is still pending continues as its own task on
 //! the bus's runtime, so an awaiting handler never holds up a runner. Those
-//! tasks count against `max_inflight_tasks`. At the cap, a task runner
-//! finishes the future itself (it already holds a task slot; its pending
-//! deliveries are awaited together); elsewhere the future waits for a slot
-//! in the bus's waiting room (`waiting_room.rs`, as many futures as the
-//! cap), in publish order, and the next task to end starts it. Only when
-//! the room is full too does the overflow policy decide:
-//! - `Wait` / `CallerRuns`: the delivery's runner finishes the future
-//!   itself, blocking its thread: a worker thread, a publisher outside any
-//!   runtime, or a publisher on a multi-thread runtime's thread (through
-//!   `tokio::task::block_in_place`, so the runtime's other tasks move to
-//!   another thread). A publisher on a current-thread runtime can do
-//!   neither (blocking its thread would stop the future it waits for), so
-//!   its future joins the room past the cap: the tasks alive stay within
-//!   the cap, but the room grows with a burst that never yields, and the
-//!   first time that happens a bus logs a warning;
-//! - `Drop` / `Error`: the future is cancelled and counted as dropped (in
-//!   `Inline` mode `publish` then returns `Error::Overloaded` under `Error`).
+//! tasks count against `max_inflight_tasks`. At the cap:
+//! - a task runner finishes the future itself (it already holds a task
+//!   slot; its pending deliveries are awaited together);
+//! - a delivery started while an async handler of the same bus is being
+//!   polled on this thread (a handler that publishes or requests) continues
+//!   as a task past the cap: that handler may hold the slot it would wait
+//!   for while it awaits this very delivery (a request's answer);
+//! - on a publisher's thread the future waits for a slot in the bus's
+//!   waiting room (`waiting_room.rs`, as many futures as the cap), in
+//!   publish order, and the next task to end starts it; when the room is
+//!   full too, the overflow policy decides, as it does at once on a pool
+//!   worker (which blocks on a slow delivery anyway):
+//!   - `Wait` / `CallerRuns`: the runner finishes the future itself,
+//!     blocking its thread: a worker thread, a publisher outside any
+//!     runtime, or a publisher on a multi-thread runtime's thread (through
+//!     `tokio::task::block_in_place`, so the runtime's other tasks move to
+//!     another thread). A publisher on a current-thread runtime can do
+//!     neither (blocking its thread would stop the future it waits for),
+//!     so its future joins the room past its size: the tasks alive stay
+//!     within the cap, but the room grows with a burst that never yields,
+//!     and the first time that happens a bus logs a warning;
+//!   - `Drop` / `Error`: the future is cancelled and counted as dropped (in
+//!     `Inline` mode `publish` then returns `Error::Overloaded` under
+//!     `Error`).
 //!
 //! A continued or waiting delivery stays in flight until its future
 //! completes, panics (caught and counted) or is cancelled by the runtime
@@ -41,6 +48,7 @@ use super::permit::TaskPermit;
 use super::{report_panic, Env};
 use crate::config::Overflow;
 use crate::registry::entry::BoxFuture;
+use crate::registry::quiesce;
 use crate::stats::Tally;
 
 /// Polls a just-started async delivery once. `Some` if it is not finished.
@@ -98,13 +106,25 @@ pub(crate) fn settle(future: BoxFuture, env: &Arc<Env>, place: Place, tally: &mu
         // there takes no new one, whatever the policy.
         return Handed::Back(future);
     }
-    let future = match env.tasks.waiting.push(future, false) {
-        Ok(()) => {
-            // Every slot may have been given back since `acquire` looked.
-            start_waiting(env);
-            return Handed::Away;
+    if quiesce::polling_here(&env.quiescence) {
+        // Started by an async handler of this bus, which may await it (a
+        // request's answer) while holding the slot it would wait for.
+        handle.spawn(finish(future, Arc::clone(env), TaskPermit::past_cap(env)));
+        return Handed::Away;
+    }
+    // A worker thread may block on it, as it does on a slow sync handler
+    // (see the module docs); a publisher may not always.
+    let future = if place == Place::Publisher {
+        match env.tasks.waiting.push(future, false) {
+            Ok(()) => {
+                // Every slot may have been given back since `acquire` looked.
+                start_waiting(env);
+                return Handed::Away;
+            }
+            Err(future) => future,
         }
-        Err(future) => future,
+    } else {
+        future
     };
     match env.overflow {
         Overflow::Drop | Overflow::Error => {

@@ -82,6 +82,14 @@ impl TaskPermit {
         env.tasks.try_take().then(|| Self(Arc::clone(env)))
     }
 
+    /// A slot past the cap, for a delivery that must not wait for one
+    /// (`pending.rs`): counted like any, so others see the bus as full for
+    /// longer.
+    pub(super) fn past_cap(env: &Arc<Env>) -> Self {
+        env.tasks.live.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(env))
+    }
+
     /// Wraps a slot already taken with [`TaskGauge::try_take`].
     pub(super) fn adopt(env: &Arc<Env>) -> Self {
         Self(Arc::clone(env))
