@@ -731,3 +731,65 @@ async fn a_request_from_a_task_holding_the_last_slot_is_answered() {
         bus.close().await.unwrap();
     }
 }
+
+/// A handler of one bus whose first poll publishes to a second bus at its
+/// task cap, with the second bus's waiting room full, from a current-thread
+/// runtime's thread. The first poll enters the first bus's multi-thread
+/// runtime context, so the thread looked like one of that runtime's and
+/// the second bus tried `block_in_place` there, which panics on a
+/// current-thread runtime (the panic was counted twice and the accepted
+/// delivery stayed in flight for good). The delivery now waits in the
+/// room, and everything is delivered.
+#[test]
+fn a_publish_from_a_first_poll_on_a_current_thread_runtime_does_not_block_in_place() {
+    let rt = common::runtime(2);
+    let build = || {
+        Bus::<u32>::builder()
+            .delivery(DeliveryMode::Inline)
+            .max_inflight_tasks(1)
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap()
+    };
+    let (first, second) = (build(), build());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let _held = gated_async_subscription(&second, &gate);
+    let _relay = {
+        let second = second.clone();
+        first
+            .subscribe_async("b", move |_: Arc<Message<u32>>| {
+                let second = second.clone();
+                async move {
+                    // In the first poll, inside the first bus's context.
+                    let result = second.publish("a/x", 2);
+                    assert_eq!(result.ok(), Some(1), "the relayed publish failed");
+                }
+            })
+            .unwrap()
+    };
+    let publisher = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (second_too, first_too) = (second.clone(), first.clone());
+    common::within(Duration::from_secs(10), "the publishes", move || {
+        publisher.block_on(async move {
+            second_too.publish("a/x", 0).unwrap(); // a task: the only slot
+            second_too.publish("a/x", 1).unwrap(); // the room, now full
+            first_too.publish("b", 0).unwrap(); // relays "a/x" 2
+        });
+    });
+    gate.add_permits(3);
+    assert!(
+        wait_until(Duration::from_secs(10), || second.inflight_messages() == 0),
+        "{:?}",
+        second.stats()
+    );
+    let (first, second) = (first.stats(), second.stats());
+    assert_eq!(
+        (first.handler_panics, second.handler_panics),
+        (0, 0),
+        "{first:?} {second:?}"
+    );
+    assert_eq!(second.delivered, 3, "{second:?}");
+}

@@ -22,6 +22,8 @@
 //!     `tokio::task::block_in_place`, so the runtime's other tasks move to
 //!     another thread). A publisher on a current-thread runtime can do
 //!     neither (blocking its thread would stop the future it waits for),
+//!     nor can one inside an async handler's first poll (which enters the
+//!     bus's runtime context, so the thread's own runtime cannot be told),
 //!     so its future joins the room past its size: the tasks alive stay
 //!     within the cap, but the room grows with a burst that never yields,
 //!     and the first time that happens a bus logs a warning;
@@ -56,12 +58,42 @@ pub(crate) fn first_poll(mut future: BoxFuture, handle: Option<&Handle>) -> Opti
     // Inside the runtime's context, so the handler may use tokio's timers and
     // I/O even when this thread is a pool worker.
     let _context = handle.map(Handle::enter);
+    let _entered = EnteredForPoll::mark();
     // The waker is a placeholder: a future that returns Pending here is polled
     // again (with a real waker) by whoever takes it over.
     let mut cx = Context::from_waker(Waker::noop());
     match future.as_mut().poll(&mut cx) {
         Poll::Ready(()) => None,
         Poll::Pending => Some(future),
+    }
+}
+
+#[cfg(not(loom))]
+std::thread_local!(static ENTERED_FOR_POLL: Cell<u32> = const { Cell::new(0) });
+#[cfg(loom)]
+loom::thread_local!(static ENTERED_FOR_POLL: Cell<u32> = Cell::new(0));
+
+/// Marks this thread as inside [`first_poll`]'s entered runtime context,
+/// which hides what the thread really is: a publish from that handler's
+/// first poll may be on a current-thread runtime's thread that only looks
+/// like one of the bus's multi-thread runtime, where
+/// `tokio::task::block_in_place` would panic.
+struct EnteredForPoll;
+
+impl EnteredForPoll {
+    fn mark() -> Self {
+        ENTERED_FOR_POLL.with(|depth| depth.set(depth.get() + 1));
+        Self
+    }
+
+    fn here() -> bool {
+        ENTERED_FOR_POLL.with(Cell::get) > 0
+    }
+}
+
+impl Drop for EnteredForPoll {
+    fn drop(&mut self) {
+        ENTERED_FOR_POLL.with(|depth| depth.set(depth.get() - 1));
     }
 }
 
@@ -134,7 +166,8 @@ pub(crate) fn settle(future: BoxFuture, env: &Arc<Env>, place: Place, tally: &mu
         }
         Overflow::Wait | Overflow::CallerRuns => match Handle::try_current() {
             Ok(current) if place == Place::Publisher => {
-                if current.runtime_flavor() == RuntimeFlavor::MultiThread {
+                if current.runtime_flavor() == RuntimeFlavor::MultiThread && !EnteredForPoll::here()
+                {
                     let outcome =
                         tokio::task::block_in_place(|| handle.block_on(CatchUnwind(future)));
                     record(outcome, tally);
