@@ -916,8 +916,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// else has drained: it does not wait for its own caller. A sync handler
     /// blocking on it holds up the publish it runs in, which is not waited
     /// for either; an async handler awaiting it holds up only its own
-    /// delivery (the rest of its publish goes on, and is waited for).
-    /// Deliveries of other buses are none of this bus's: a handler of one
+    /// delivery (the rest of its publish goes on, and is waited for), and,
+    /// for an ordered handler, the messages queued behind that call, which
+    /// run once it has returned. Deliveries of other buses are none of this bus's: a handler of one
     /// bus closing another waits for all of the other's.
     ///
     /// Cancel-safe: the bus is closed as soon as this is first polled, and

@@ -81,7 +81,7 @@
 //! data whose `Drop` may do anything.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
@@ -94,7 +94,7 @@ use crate::handles::{Receiver, Subscription};
 use crate::message::{Message, Metadata};
 use crate::registry::entry::{BoxFuture, EntryControl, HandlerEntry, Sink, Subscriber, Tracked};
 use crate::registry::mailbox::{Mailbox, Reserve};
-use crate::registry::quiesce::Running;
+use crate::registry::quiesce::{QueuedBehind, Running};
 use crate::registry::trie::{Handlers, InsertError, Released, Streams};
 use crate::registry::Kind;
 use crate::stats::{Counters, Tally};
@@ -899,6 +899,10 @@ impl<T: Send + Sync + 'static> Bus<T> {
         queue_copies(&mailbox, queued, counters);
         let mut make = Some(|filter: Arc<str>| {
             let entry = Arc::new(Subscriber::new(id, mailbox));
+            if let Some(running) = entry.sink.running() {
+                let mailbox: Weak<dyn QueuedBehind> = Arc::downgrade(&entry) as _;
+                running.queue_behind(mailbox);
+            }
             made = Some((Arc::clone(&entry), filter));
             entry
         });

@@ -554,6 +554,60 @@ fn close_from_a_handler_waits_for_an_async_delivery_its_runner_handed_to_a_task(
     assert_eq!(bus.stats().delivered, 2);
 }
 
+/// `close()` awaited inside an async ordered handler's call, with the next
+/// message already queued behind that call in the same subscription's
+/// mailbox: that message cannot run before the call returns, so `close`
+/// does not wait for it (it runs once the call has returned, as a sync
+/// ordered handler's next message does). It used to wait for it until
+/// `close_timeout` and fail with `CloseTimeout`. The call for message 0
+/// waits until message 1 is queued before it closes. Every mode.
+#[test]
+fn close_from_an_async_ordered_handler_does_not_wait_for_its_own_queue() {
+    const LIMIT: Duration = Duration::from_secs(10);
+    for mode in common::MODES {
+        let rt = common::runtime(2);
+        let bus = Bus::<u32>::builder()
+            .delivery(mode)
+            .workers(2)
+            .close_timeout(Duration::from_secs(3))
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap();
+        let (closed, result) = std::sync::mpsc::channel();
+        let go = Arc::new(tokio::sync::Semaphore::new(0));
+        let calls = Arc::new(AtomicU64::new(0));
+        let _closer = {
+            let (inner, go, calls) = (bus.clone(), Arc::clone(&go), Arc::clone(&calls));
+            let closed = std::sync::Mutex::new(closed);
+            bus.subscribe_ordered_async("close", move |m| {
+                let (bus, go, calls) = (inner.clone(), Arc::clone(&go), Arc::clone(&calls));
+                let closed = closed.lock().unwrap().clone();
+                async move {
+                    if *m.data() == 0 {
+                        go.acquire().await.unwrap().forget();
+                        let _ = closed.send(bus.close().await);
+                    }
+                    calls.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+            .unwrap()
+        };
+        bus.publish("close", 0).unwrap();
+        bus.publish("close", 1).unwrap();
+        go.add_permits(1);
+        let result = result
+            .recv_timeout(LIMIT)
+            .unwrap_or_else(|_| panic!("{mode:?}: close from the handler never returned"));
+        assert!(result.is_ok(), "{mode:?}: {result:?}");
+        assert!(
+            common::wait_until(LIMIT, || bus.inflight_messages() == 0),
+            "{mode:?}: {:?}",
+            bus.stats()
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "{mode:?}: both calls ran");
+    }
+}
+
 /// `close()` of bus B, blocked on by a handler of bus A on a pool worker,
 /// returns Ok only once B's running delivery has finished: what the
 /// worker's stack holds is A's, not B's, so it is waited for like any.

@@ -24,7 +24,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use super::mailbox::Mailbox;
-use super::quiesce::Running;
+use super::quiesce::{QueuedBehind, Running};
 use crate::handler::Handler;
 use crate::message::Message;
 use crate::sync::{AtomicU64, Ordering};
@@ -186,6 +186,14 @@ pub(crate) type HandlerEntry<T> = Arc<Subscriber<T, dyn Sink<T>>>;
 
 /// A stream subscription's entry.
 pub(crate) type StreamEntry<T> = Arc<Subscriber<T, Mailbox<T>>>;
+
+/// An async ordered subscription's mailbox holds the messages waiting for
+/// its current call (see `quiesce::Caller`).
+impl<T: Send + Sync> QueuedBehind for Subscriber<T, Mailbox<T>> {
+    fn queued(&self) -> u64 {
+        self.sink.len() as u64
+    }
+}
 
 /// What a user's handle can do with its entry, without knowing `T`.
 pub(crate) trait EntryControl: Send + Sync {

@@ -35,7 +35,7 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use crossbeam_utils::CachePadded;
 use tokio::sync::Notify;
@@ -138,6 +138,8 @@ struct Frame {
     /// Set when this poll returns, for a `close` called inside it (see
     /// [`caller_here`]); made only by such a call.
     ended: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// For an ordered handler's call: what is queued behind it.
+    behind: Option<Weak<dyn QueuedBehind>>,
 }
 
 /// What a `close` called on this thread must not wait for: its caller.
@@ -149,6 +151,9 @@ pub(crate) struct Caller {
     /// If called while an async delivery is being polled (the innermost):
     /// that poll's end, and whether the delivery is of this bus.
     poll: Option<(Arc<std::sync::atomic::AtomicBool>, bool)>,
+    /// If that delivery is an ordered handler's call of this bus: the
+    /// messages queued behind it, which cannot run before it returns.
+    behind: Option<Weak<dyn QueuedBehind>>,
 }
 
 impl Caller {
@@ -164,13 +169,20 @@ impl Caller {
     /// finish first. Once that poll has returned, the close is awaited by
     /// that delivery's future, and only that delivery cannot finish first:
     /// the runner that polled it went on, and its other deliveries, like the
-    /// publish it ran in, are waited for like any.
+    /// publish it ran in, are waited for like any. Either way, if that
+    /// delivery is an ordered handler's call, what is queued behind it in
+    /// its mailbox waits for it (and runs after `close` has returned).
     pub(crate) fn own_now(&self, tokens: u64) -> (u64, u64) {
+        let behind = self
+            .behind
+            .as_ref()
+            .and_then(Weak::upgrade)
+            .map_or(0, |mailbox| mailbox.queued());
         match &self.poll {
             Some((ended, same_bus)) if ended.load(std::sync::atomic::Ordering::SeqCst) => {
-                (0, u64::from(*same_bus))
+                (0, u64::from(*same_bus) + behind)
             }
-            _ => (tokens, self.held),
+            _ => (tokens, self.held + behind),
         }
     }
 }
@@ -178,13 +190,18 @@ impl Caller {
 /// What a `close` of `quiescence`'s bus called here must not wait for.
 pub(crate) fn caller_here(quiescence: &Quiescence) -> Caller {
     let held = held_here(quiescence);
+    let mut behind = None;
     let poll = POLLING.with(|polling| {
         polling.borrow_mut().last_mut().map(|frame| {
             let ended = frame.ended.get_or_insert_with(Arc::default);
-            (Arc::clone(ended), frame.bus == quiescence.id)
+            let same_bus = frame.bus == quiescence.id;
+            if same_bus {
+                behind = frame.behind.clone();
+            }
+            (Arc::clone(ended), same_bus)
         })
     });
-    Caller { held, poll }
+    Caller { held, poll, behind }
 }
 
 /// Runners of `quiescence`'s bus on this thread now hold `n` more
@@ -354,12 +371,20 @@ impl Drop for Waiting<'_> {
     }
 }
 
+/// The messages queued behind an async ordered handler's call, which
+/// cannot run before it returns: its mailbox.
+pub(crate) trait QueuedBehind: Send + Sync {
+    fn queued(&self) -> u64;
+}
+
 /// An async subscription's unfinished deliveries.
 pub(crate) struct Running {
     /// Its bus's [`Quiescence::id`].
     bus: u64,
     count: AtomicUsize,
     finished: Notify,
+    /// An ordered subscription's mailbox, set once it exists.
+    behind: std::sync::OnceLock<Weak<dyn QueuedBehind>>,
 }
 
 impl Running {
@@ -368,7 +393,14 @@ impl Running {
             bus,
             count: AtomicUsize::new(0),
             finished: Notify::new(),
+            behind: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Names the mailbox an ordered subscription's calls are run from: a
+    /// `close` called inside one does not wait for what is queued behind it.
+    pub(crate) fn queue_behind(&self, mailbox: Weak<dyn QueuedBehind>) {
+        let _ = self.behind.set(mailbox);
     }
 
     fn key(self: &Arc<Self>) -> usize {
@@ -392,6 +424,7 @@ impl Running {
                         key,
                         bus,
                         ended: None,
+                        behind: done.0.behind.get().cloned(),
                     })
                 });
                 // Polled outside any runner of its bus (continued as a
