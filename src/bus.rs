@@ -435,7 +435,10 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// ```
     ///
     /// Errors: [`Error::InvalidArgument`] for a capacity of 0 or above
-    /// [`StreamOptions::MAX_CAPACITY`], besides those of `subscribe_stream`.
+    /// [`StreamOptions::MAX_CAPACITY`], and for a shared filter
+    /// (`$share/{group}/...`) with a policy other than `DropOldest` (a
+    /// group's stream members all take the default), besides those of
+    /// `subscribe_stream`.
     pub fn subscribe_stream_with(
         &self,
         filter: &str,

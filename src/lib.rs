@@ -120,9 +120,11 @@
 //! but the waiting.
 //!
 //! # Lagging
-//! A stream subscription never holds up a publisher: when its mailbox is
-//! full, the oldest message makes room for the newest and is counted in
-//! [`Receiver::lost`] and [`Stats::dropped`]. `recv` and the `Stream`
+//! A stream subscription by default never holds up a publisher: when its
+//! mailbox is full, the oldest message makes room for the newest and is
+//! counted in [`Receiver::lost`] and [`Stats::dropped`] (the other
+//! policies, lossless `Backpressure` among them, are chosen per
+//! subscription with [`StreamOptions`]). `recv` and the `Stream`
 //! implementation read on across the gap. A reader that wants to know where
 //! it fell behind reads with [`Receiver::recv_lagged`] instead, which returns
 //! [`RecvError::Lagged(n)`](RecvError::Lagged) once, just before the first

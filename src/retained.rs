@@ -95,6 +95,7 @@ use crate::message::{Message, Metadata};
 use crate::registry::entry::{BoxFuture, EntryControl, HandlerEntry, Sink, Subscriber, Tracked};
 use crate::registry::mailbox::{Mailbox, Reserve};
 use crate::registry::quiesce::{QueuedBehind, Running};
+use crate::registry::room::DeferWakes;
 use crate::registry::trie::{Handlers, InsertError, Released, Streams};
 use crate::registry::Kind;
 use crate::stats::{Counters, Tally};
@@ -603,7 +604,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let mut data = Some(data);
         // Under the store's lock, before the message is stored: who it
         // reaches, and room in their lossless streams. A publish that finds
-        // one full is refused and stores nothing (see the module docs).
+        // one full is refused and stores nothing (see the module docs); the
+        // room it gives back wakes waiting publishers after the lock.
+        let wakes = DeferWakes::begin();
         let retained = retained.retain(
             topic,
             || {
@@ -619,6 +622,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
             &mut garbage,
             counters,
         );
+        drop(wakes);
         drop(garbage);
         drop(cached);
         match retained {
@@ -893,7 +897,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let snapshot = store.matching(filter);
         let capacity = mailbox.capacity();
         let mailbox = mailbox.after_snapshot(store.seq);
-        let queued = newest_fitting(&mailbox, capacity, &snapshot, counters);
+        let queued = fitting(&mailbox, capacity, &snapshot, counters);
         // In flight before they are queued: the drain finishes each.
         running.extend(queued.len() as u64);
         queue_copies(&mailbox, queued, counters);
@@ -966,7 +970,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 }
                 _ => Mailbox::with_overflow(capacity, overflow),
             };
-            let fitting = newest_fitting(&mailbox, capacity, &messages, counters);
+            let fitting = fitting(&mailbox, capacity, &messages, counters);
             queue_copies(&mailbox, fitting, counters);
             let mut make = Some(|filter: Arc<str>| {
                 let entry = Arc::new(Subscriber::new(id, mailbox));
@@ -992,32 +996,55 @@ impl<T: Send + Sync + 'static> Bus<T> {
     }
 }
 
-/// The newest messages of `snapshot` that a fresh mailbox of `capacity`
-/// holds; the older ones are counted lost (in the mailbox and in `Stats`).
-fn newest_fitting<'a, T>(
+/// The messages of `snapshot` (oldest first) to push into a fresh mailbox
+/// of `capacity`, by its overflow policy: `DropOldest` keeps the newest that
+/// fit and `DropNewest` the oldest, as a burst of publishes would leave
+/// them; `Backpressure`, which has no publisher to hold back here, keeps
+/// the newest (a topic's latest value is what a snapshot is for). Those
+/// left out are counted lost (in the mailbox and in `Stats`). `Disconnect`
+/// gets one message more than fits, whose push closes it.
+fn fitting<'a, T>(
     mailbox: &Mailbox<T>,
     capacity: usize,
     snapshot: &'a [Arc<Message<T>>],
     counters: &Counters,
 ) -> &'a [Arc<Message<T>>] {
-    let skipped = snapshot.len().saturating_sub(capacity);
-    if skipped > 0 {
-        mailbox.count_lost(skipped as u64);
-        counters.dropped_now(skipped as u64);
+    let left_out = snapshot.len().saturating_sub(capacity);
+    if left_out == 0 {
+        return snapshot;
     }
-    &snapshot[skipped..]
+    let count_lost = || {
+        mailbox.count_lost(left_out as u64);
+        counters.dropped_now(left_out as u64);
+    };
+    match mailbox.overflow() {
+        StreamOverflow::DropOldest | StreamOverflow::Backpressure => {
+            count_lost();
+            &snapshot[left_out..]
+        }
+        StreamOverflow::DropNewest => {
+            count_lost();
+            &snapshot[..capacity]
+        }
+        StreamOverflow::Disconnect => &snapshot[..=capacity],
+    }
 }
 
 /// Queues a retained copy of each of `snapshot` in a fresh mailbox. A
 /// lossless one keeps only what room was taken for (a fresh one has room
 /// for all of these); whatever a push drops is counted in `Stats` as well as
-/// in the mailbox.
+/// in the mailbox, and a push that disconnects it is counted too (and ends
+/// the snapshot).
 fn queue_copies<T>(mailbox: &Mailbox<T>, snapshot: &[Arc<Message<T>>], counters: &Counters) {
     for origin in snapshot {
         let reserved = mailbox.try_reserve() == Reserve::Taken;
         let pushed = mailbox.push(Arc::new(Message::retained_copy(origin)), reserved);
         if pushed.dropped > 0 {
             counters.dropped_now(pushed.dropped);
+        }
+        if pushed.disconnected {
+            counters.disconnected();
+            break;
         }
     }
 }

@@ -482,16 +482,24 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
     /// Ends every stream member's mailbox (the bus closed or is gone), and
     /// refuses new members.
     pub(crate) fn close_streams(&self) {
-        let mut groups = self.lock();
-        groups.closed = true;
-        for group in groups.by_filter.values() {
-            group.members.with(|members| {
-                for member in members.iter() {
-                    if let Member::Stream { entry, .. } = member {
-                        entry.sink.close();
+        let mut mailboxes = Vec::new();
+        {
+            let mut groups = self.lock();
+            groups.closed = true;
+            for group in groups.by_filter.values() {
+                group.members.with(|members| {
+                    for member in members.iter() {
+                        if let Member::Stream { entry, .. } = member {
+                            mailboxes.push(Arc::clone(entry));
+                        }
                     }
-                }
-            });
+                });
+            }
+        }
+        // Closing wakes readers and waiting publishers: their wakers run
+        // after the groups' lock is let go (one may unsubscribe).
+        for entry in &mailboxes {
+            entry.sink.close();
         }
     }
 }

@@ -7,6 +7,14 @@ use serde::Deserialize;
 /// is full. Every policy counts what it loses, in [`Receiver::lost`](crate::Receiver::lost)
 /// and [`Stats::dropped`](crate::Stats::dropped), and shows it in the stream
 /// ([`RecvError`](crate::RecvError)).
+///
+/// A retained snapshot larger than the mailbox
+/// ([`Bus::publish_retained`](crate::Bus::publish_retained)) meets the same
+/// policy as a burst of publishes would, with one exception: `DropOldest`
+/// keeps its newest messages, `DropNewest` its oldest, `Disconnect` is
+/// disconnected by the first that does not fit; `Backpressure` has no
+/// publisher to hold back at subscribe time, so it keeps the newest and
+/// counts the rest as lost, like `DropOldest`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 pub enum StreamOverflow {
     /// The oldest queued message makes room for the new one (the default):
@@ -19,7 +27,8 @@ pub enum StreamOverflow {
     /// than those still queued, so the report comes before the gap, not at
     /// it.
     DropNewest,
-    /// Lossless: publishers are held back instead. `publish` returns
+    /// Lossless: publishers are held back instead (a retained snapshot that
+    /// does not fit is the exception: see above). `publish` returns
     /// [`Error::Full`](crate::Error::Full) and reaches no subscriber at all
     /// while this mailbox is full; `publish_async` waits for room in every
     /// such mailbox it reaches, then delivers to all. A full lossless
@@ -28,7 +37,8 @@ pub enum StreamOverflow {
     Backpressure,
     /// NATS's slow-consumer rule: the first message that does not fit
     /// closes the mailbox (that message is counted as lost, and reported by
-    /// `recv_lagged` as `Lagged(1)` at its next call). The reader takes every
+    /// `recv_lagged` as `Lagged(1)` at its next call; `Lagged(2)` or more if
+    /// several publishers overflowed it at the same moment). The reader takes every
     /// message it held, then learns why the stream ended: `recv_lagged`
     /// returns [`RecvError::Disconnected`](crate::RecvError::Disconnected)
     /// (`recv` returns `None`). Publishes skip a disconnected mailbox from

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use blazesub::{Bus, DeliveryMode, Error, Message, StreamOptions, StreamOverflow};
+use blazesub::{
+    Bus, DeliveryMode, Error, Message, StreamOptions, StreamOverflow, TryRecvLaggedError,
+};
 use common::{runtime, wait_until, within, MODES};
 use proptest::prelude::*;
 
@@ -846,5 +848,48 @@ fn an_async_ordered_handler_gets_the_snapshot_first_then_live_messages() {
         assert_eq!(*seen.lock().unwrap(), expected, "{mode:?}");
         let stats = bus.stats();
         assert_eq!((stats.dropped, stats.handler_panics), (0, 0), "{mode:?}");
+    }
+}
+
+/// A retained snapshot larger than a stream's mailbox meets the stream's
+/// overflow policy: `DropOldest` keeps the newest, `DropNewest` the oldest
+/// (each counting the rest lost), and `Disconnect` is disconnected by the
+/// first message that does not fit, counted, after the reader has taken
+/// what fit. The snapshot used to keep the newest whatever the policy, and
+/// a `Disconnect` stream stayed open.
+#[test]
+fn a_snapshot_that_does_not_fit_meets_the_streams_policy() {
+    for (policy, expected_kept, expected_disconnects) in [
+        (StreamOverflow::DropOldest, [3, 4], 0),
+        (StreamOverflow::DropNewest, [0, 1], 0),
+        (StreamOverflow::Disconnect, [0, 1], 1),
+    ] {
+        let bus = Bus::<u64>::builder()
+            .delivery(DeliveryMode::Inline)
+            .build()
+            .unwrap();
+        for n in 0..5 {
+            bus.publish_retained(&format!("cfg/{n}"), n).unwrap();
+        }
+        let options = StreamOptions::new(2).overflow(policy);
+        let mut rx = bus.subscribe_stream_with("cfg/#", options).unwrap();
+        let mut kept = Vec::new();
+        let end = loop {
+            match rx.try_recv_lagged() {
+                Ok(m) => kept.push(*m.data()),
+                Err(TryRecvLaggedError::Lagged(_)) => {}
+                Err(other) => break other,
+            }
+        };
+        assert_eq!(kept, expected_kept, "{policy:?}");
+        let stats = bus.stats();
+        assert_eq!(stats.disconnects, expected_disconnects, "{policy:?}");
+        if policy == StreamOverflow::Disconnect {
+            assert_eq!(end, TryRecvLaggedError::Disconnected, "{policy:?}");
+            assert_eq!((rx.lost(), stats.dropped), (1, 1), "{policy:?}");
+        } else {
+            assert_eq!(end, TryRecvLaggedError::Empty, "{policy:?}");
+            assert_eq!((rx.lost(), stats.dropped), (3, 3), "{policy:?}");
+        }
     }
 }

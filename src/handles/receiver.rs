@@ -1,16 +1,23 @@
 //! Stream subscriptions: the [`Receiver`] handle.
 //!
 //! # Contract
-//! - A mailbox is **bounded** (`Config::stream_capacity`, default 1,024).
-//!   When it is full, the *oldest* message is dropped to make room, counted in
-//!   [`Receiver::lost`] and in `Stats::dropped`. A publisher never waits for a
-//!   reader, and a reader that falls behind still sees the newest messages.
+//! - A mailbox is **bounded** (`Config::stream_capacity`, default 1,024, or
+//!   the capacity in [`StreamOptions`](crate::StreamOptions)). What a full
+//!   one does is its [`StreamOverflow`](crate::StreamOverflow) policy. By
+//!   default (`DropOldest`) the *oldest* message is dropped to make room,
+//!   counted in [`Receiver::lost`] and in `Stats::dropped`: a publisher never
+//!   waits for a reader, and a reader that falls behind still sees the
+//!   newest messages. `DropNewest` drops the new message instead,
+//!   `Disconnect` ends the stream, and `Backpressure` loses nothing and holds
+//!   publishers back instead.
 //! - **Loss can be seen in the stream itself**, as with tokio's broadcast
 //!   channel: [`Receiver::recv_lagged`] (and [`Receiver::try_recv_lagged`])
-//!   returns [`RecvError::Lagged(n)`](RecvError::Lagged) once, before the
-//!   first message that follows a gap, `n` being the messages this receiver
-//!   lost since it last reported a lag. Drop-oldest always drops the oldest
-//!   queued messages, so the gap sits just before the head of the mailbox.
+//!   returns [`RecvError::Lagged(n)`](RecvError::Lagged) once, `n` being the
+//!   messages this receiver lost since it last reported a lag. Drop-oldest
+//!   always drops the oldest queued messages, so the gap sits just before
+//!   the head of the mailbox and the report comes before the first message
+//!   after it; under the other policies it comes at the next call (see
+//!   `StreamOverflow`).
 //!   [`Receiver::recv`], [`Receiver::try_recv`] and the `Stream`
 //!   implementation report no lag and read on across a gap
 //!   (`while let Some(m) = rx.recv().await` works as ever); `lost()` counts
@@ -50,7 +57,9 @@ pub enum TryRecvError {
     /// Nothing is waiting; more may come.
     #[error("no message is waiting")]
     Empty,
-    /// Nothing is waiting and nothing will come: the bus is closed or gone.
+    /// Nothing is waiting and nothing will come: the bus is closed or gone,
+    /// or a `Disconnect` mailbox overflowed ([`Receiver::try_recv_lagged`]
+    /// tells the two apart).
     #[error("the bus is closed and this receiver has taken every message")]
     Closed,
 }
@@ -337,8 +346,10 @@ impl<T> Receiver<T> {
         }
     }
 
-    /// Messages this subscription lost because its mailbox was full (the
-    /// oldest made room for the newest), or arrived after it was closed.
+    /// Messages this subscription lost because its mailbox was full (which
+    /// ones is its [`StreamOverflow`](crate::StreamOverflow) policy's: by
+    /// default the oldest made room for the newest), or arrived after it was
+    /// closed.
     /// A running total: reading it reports no lag.
     pub fn lost(&self) -> u64 {
         self.entry.sink.lost()
@@ -354,7 +365,8 @@ impl<T> Receiver<T> {
         self.entry.sink.is_empty()
     }
 
-    /// How many messages the mailbox holds before it drops the oldest.
+    /// How many messages the mailbox holds before its overflow policy
+    /// applies.
     pub fn capacity(&self) -> usize {
         self.entry.sink.capacity()
     }

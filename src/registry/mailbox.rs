@@ -168,6 +168,11 @@ impl<T> Mailbox<T> {
 
     /// A mailbox primed with a retained snapshot taken at retained sequence
     /// number `after` (see `retained.rs`).
+    /// What a push into a full mailbox does.
+    pub(crate) fn overflow(&self) -> StreamOverflow {
+        self.overflow
+    }
+
     pub(crate) fn primed(capacity: usize, overflow: StreamOverflow, after: u64) -> Self {
         Self {
             retained_after: after,

@@ -20,13 +20,17 @@
 //!   [`Room::try_take`] report `Closed`. A slot already handed to a waiter
 //!   stays with it.
 //! - A waker belongs to the publisher's executor: none is cloned, woken or
-//!   dropped while the waiter lock is held.
+//!   dropped while the waiter lock is held, and a slot given back while
+//!   the thread holds a lock of the bus (a refused `publish_retained`
+//!   giving back what it took under the retained store's lock) wakes its
+//!   waiter only once that lock is let go ([`DeferWakes`]).
 //!
 //! It replaces tokio's semaphore, whose release takes its waiter lock even
 //! when nobody waits: three read-modify-writes per message read instead of
 //! one. The waiter lock is taken here only when somebody waits, and never
 //! while a waker runs.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -44,6 +48,57 @@ const CLOSED: usize = 1;
 const WAITING: usize = 2;
 /// One free slot in `state` (the count sits above the two flags).
 const ONE: usize = 4;
+
+#[cfg(not(loom))]
+std::thread_local!(static DEFERRED: RefCell<Option<Vec<Waker>>> = const { RefCell::new(None) });
+#[cfg(loom)]
+loom::thread_local!(static DEFERRED: RefCell<Option<Vec<Waker>>> = RefCell::new(None));
+
+/// While alive, the wakers a give-back on this thread would run are kept,
+/// and run when the outermost one is dropped: made before a bus lock is
+/// taken, dropped after it is let go.
+pub(crate) struct DeferWakes {
+    outermost: bool,
+}
+
+impl DeferWakes {
+    pub(crate) fn begin() -> Self {
+        let outermost = DEFERRED.with(|deferred| {
+            let mut deferred = deferred.borrow_mut();
+            let outermost = deferred.is_none();
+            if outermost {
+                *deferred = Some(Vec::new());
+            }
+            outermost
+        });
+        Self { outermost }
+    }
+}
+
+impl Drop for DeferWakes {
+    fn drop(&mut self) {
+        if self.outermost {
+            let wakers = DEFERRED.with(|deferred| deferred.borrow_mut().take());
+            for waker in wakers.into_iter().flatten() {
+                waker.wake();
+            }
+        }
+    }
+}
+
+/// Wakes `waker` now, or once the thread's [`DeferWakes`] ends.
+fn wake_unless_deferred(waker: Waker) {
+    let now = DEFERRED.with(|deferred| match deferred.borrow_mut().as_mut() {
+        Some(kept) => {
+            kept.push(waker);
+            None
+        }
+        None => Some(waker),
+    });
+    if let Some(waker) = now {
+        waker.wake();
+    }
+}
 
 /// What [`Room::try_take`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,7 +176,7 @@ impl Room {
         let woken = self.pass_on_freed(&mut waiters);
         drop(waiters);
         if let Some(waker) = woken {
-            waker.wake();
+            wake_unless_deferred(waker);
         }
     }
 
@@ -377,6 +432,27 @@ mod tests {
         assert_eq!(second.as_mut().poll(&mut cx2), Poll::Ready(true));
         room.give_back();
         assert_eq!(room.try_take(), Take::Taken, "nobody waits any more");
+    }
+
+    /// A slot given back while the thread defers wakes (it holds a bus
+    /// lock) is handed to the waiter at once, but its waker runs only when
+    /// the outermost deferral ends.
+    #[test]
+    fn a_deferred_give_back_wakes_after_the_deferral() {
+        let room = Room::new(1);
+        assert_eq!(room.try_take(), Take::Taken);
+        let (wakes, waiter) = waker();
+        let mut waiting = pin!(room.take());
+        let mut cx = Context::from_waker(&waiter);
+        assert_eq!(waiting.as_mut().poll(&mut cx), Poll::Pending);
+        let outer = super::DeferWakes::begin();
+        let inner = super::DeferWakes::begin();
+        room.give_back();
+        drop(inner);
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "woken under the lock");
+        drop(outer);
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "never woken");
+        assert_eq!(waiting.as_mut().poll(&mut cx), Poll::Ready(true));
     }
 
     /// A waiter dropped after it was handed a slot passes the slot on.

@@ -778,16 +778,22 @@ impl<T: 'static> Trie<T> {
     /// Refuses further stream subscriptions and closes every mailbox, so
     /// receivers end once they have drained what they hold.
     pub(crate) fn close_streams(&self) {
-        let mut writer = self.lock();
-        writer.closed = true;
-        let root = self.root.load_full();
-        for_each_subs(&root, &mut |subs| {
-            subs.streams.with(|set| {
-                for entry in set.entries(set.len()) {
-                    entry.sink.close();
-                }
+        let mut mailboxes = Vec::new();
+        {
+            let mut writer = self.lock();
+            writer.closed = true;
+            let root = self.root.load_full();
+            for_each_subs(&root, &mut |subs| {
+                subs.streams.with(|set| {
+                    mailboxes.extend(set.entries(set.len()).cloned());
+                });
             });
-        });
+        }
+        // Closing wakes readers and waiting publishers: their wakers run
+        // after the writer lock is let go (one may unsubscribe).
+        for entry in &mailboxes {
+            entry.sink.close();
+        }
     }
 }
 
