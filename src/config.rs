@@ -113,6 +113,12 @@ pub enum Overflow {
     CallerRuns,
     /// The deliveries that could not be queued are dropped and counted in
     /// [`Stats::dropped`](crate::Stats::dropped).
+    ///
+    /// A sync ordered handler's delivery dropped here takes with it that
+    /// subscription's earlier messages still waiting for their own queued
+    /// work, counted as dropped too: the subscription's next message is
+    /// then the first one after the drop, so its order holds, but an
+    /// earlier publish that returned `Ok` may not reach it.
     Drop,
     /// Like `Drop`, and a `publish` that had to drop deliveries returns
     /// [`Error::Overloaded`]. It reports what was refused during the call; an
@@ -185,6 +191,10 @@ pub struct Config {
     /// An async handler's delivery still pending after its first poll when
     /// every slot is taken:
     /// - run by a `TaskPerSubscriber` task: that task finishes it;
+    /// - an async ordered subscription's drain (one task at a time per
+    ///   subscription) takes a slot if one is free and otherwise runs past
+    ///   the cap rather than hold up or lose its messages: at most one such
+    ///   task per async ordered subscription;
     /// - started from inside an async handler of the same bus (one that
     ///   publishes or requests): it continues as a task past the cap,
     ///   since that handler may hold the last slot while it awaits this
