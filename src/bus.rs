@@ -926,7 +926,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ///
     /// Cancel-safe: the bus is closed as soon as this is first polled, and
     /// ending the streams and stopping the workers does not depend on this
-    /// future. They happen when the last accepted delivery finishes, by
+    /// future (the thread it waits on, so that no executor thread blocks,
+    /// stops waiting when it is dropped). They happen when the last accepted delivery finishes, by
     /// whoever finishes it, even if the future is dropped (a `timeout`, a
     /// `select!`) or has returned `CloseTimeout`.
     ///
@@ -946,37 +947,55 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 inner.finish_close();
             }
         });
-        if own_tokens > 0 || caller.holds_any() {
-            let (done, waited) = tokio::sync::oneshot::channel();
-            let waiter = Arc::clone(&inner);
-            std::thread::Builder::new()
-                .name("blazesub-close".into())
-                .spawn(move || {
-                    let timeout = waiter.config.close_timeout;
-                    let _ = done.send(
-                        waiter
-                            .env
-                            .counters
-                            .wait_drained_except(|| caller.own_now(own_tokens), timeout),
-                    );
-                })
-                .map_err(Error::Spawn)?;
-            return waited.await.unwrap_or(Err(Error::Closed));
-        }
-        if inner.env.counters.wait_drained(Duration::ZERO).is_ok() {
+        let from_handler = own_tokens > 0 || caller.holds_any();
+        if !from_handler && inner.env.counters.wait_drained(Duration::ZERO).is_ok() {
             return Ok(());
         }
-        // Wait on a thread of our own, so no executor thread blocks.
+        // Wait on a thread of our own, so no executor thread blocks. The
+        // thread gives up when this future is dropped.
+        let abandoned = Abandoned::new(&inner.env.counters);
+        let flag = Arc::clone(&abandoned.flag);
         let (done, waited) = tokio::sync::oneshot::channel();
         let waiter = Arc::clone(&inner);
         std::thread::Builder::new()
             .name("blazesub-close".into())
             .spawn(move || {
                 let timeout = waiter.config.close_timeout;
-                let _ = done.send(waiter.env.counters.wait_drained(timeout));
+                let counters = &waiter.env.counters;
+                let _ = done.send(if from_handler {
+                    counters.wait_drained_except(|| caller.own_now(own_tokens), timeout, &flag)
+                } else {
+                    counters.wait_drained_unless(timeout, &flag)
+                });
             })
             .map_err(Error::Spawn)?;
-        waited.await.unwrap_or(Err(Error::Closed))
+        let result = waited.await.unwrap_or(Err(Error::Closed));
+        drop(abandoned);
+        result
+    }
+}
+
+/// Set when a `close` future is dropped (or done), so the thread it waits
+/// on stops waiting: a `close` in a `select!` loop or retried under a
+/// timeout leaves no thread behind.
+struct Abandoned {
+    flag: Arc<std::sync::atomic::AtomicBool>,
+    counters: Arc<Counters>,
+}
+
+impl Abandoned {
+    fn new(counters: &Arc<Counters>) -> Self {
+        Self {
+            flag: Arc::default(),
+            counters: Arc::clone(counters),
+        }
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        self.flag.store(true, std::sync::atomic::Ordering::Release);
+        self.counters.wake_waiters();
     }
 }
 

@@ -424,11 +424,25 @@ impl Counters {
     /// Blocks until the bus is closed and everything accepted has finished,
     /// or `timeout` passes.
     pub(crate) fn wait_drained(&self, timeout: Duration) -> Result<(), Error> {
+        self.wait_drained_unless(timeout, &std::sync::atomic::AtomicBool::new(false))
+    }
+
+    /// [`Self::wait_drained`], giving up (`Err(Error::Closed)`) once
+    /// `abandoned` is set and [`Self::wake_waiters`] called: the `close`
+    /// future that waits on this was dropped.
+    pub(crate) fn wait_drained_unless(
+        &self,
+        timeout: Duration,
+        abandoned: &std::sync::atomic::AtomicBool,
+    ) -> Result<(), Error> {
         let started = crate::sync::now();
         let mut guard = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if self.work.load(Ordering::Acquire) == CLOSED {
                 return Ok(());
+            }
+            if abandoned.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(Error::Closed);
             }
             let waited = crate::sync::now().saturating_duration_since(started);
             if waited >= timeout {
@@ -453,9 +467,13 @@ impl Counters {
         &self,
         own: impl Fn() -> (u64, u64),
         timeout: Duration,
+        abandoned: &std::sync::atomic::AtomicBool,
     ) -> Result<(), Error> {
         let started = crate::sync::now();
         loop {
+            if abandoned.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(Error::Closed);
+            }
             let work = self.work.load(Ordering::Acquire);
             // Read after the word: once the poll `close` was called in has
             // returned, the caller holds only its own delivery, and a word
@@ -474,6 +492,14 @@ impl Counters {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Wakes the threads in [`Self::wait_drained_unless`], to look at their
+    /// `abandoned` flag.
+    pub(crate) fn wake_waiters(&self) {
+        // Taking the lock orders this wake-up after a waiter's check.
+        let _guard = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.drained.notify_all();
     }
 
     /// [`Self::close`] with nothing to finish, then [`Self::wait_drained`].
