@@ -78,15 +78,22 @@ impl<T: Send + Sync + 'static> Ordered<T> {
     }
 
     /// Empties the mailbox without running anything, counting what it held
-    /// as dropped: a drain the runtime dropped before it ran.
+    /// as dropped: a drain the runtime dropped before it ran. Lets go of the
+    /// subscription as a drain does, looking again after: a message pushed
+    /// meanwhile (its publisher saw the drain still scheduled) is not left
+    /// without one.
     fn discard(&self, entry: &StreamEntry<T>) {
-        let mut tally = Tally::default();
-        while entry.sink.try_pop().is_ok() {
-            tally.finished += 1;
-            tally.dropped += 1;
+        loop {
+            let mut tally = Tally::default();
+            while entry.sink.try_pop().is_ok() {
+                tally.finished += 1;
+                tally.dropped += 1;
+            }
+            self.env.counters.add(&tally);
+            if !self.release_or_continue(entry) {
+                break;
+            }
         }
-        self.scheduled.store(false, Ordering::SeqCst);
-        self.env.counters.add(&tally);
     }
 
     /// The drain: awaits each call before the next.
