@@ -46,8 +46,8 @@ pub enum DeliveryMode {
     /// The fastest for cheap handlers; a handler that blocks blocks the
     /// publisher. The threshold does not apply, and the overflow policy only
     /// to async handlers still pending after their first poll when
-    /// `max_inflight_tasks` tasks are already alive and as many deliveries
-    /// wait for a slot (see [`Config::max_inflight_tasks`]).
+    /// `max_inflight_tasks` tasks are already alive (see
+    /// [`Config::max_inflight_tasks`]).
     Inline,
 }
 
@@ -73,9 +73,7 @@ pub enum Batch {
 }
 
 /// What happens when the worker pool's queue is full, or when
-/// [`Config::max_inflight_tasks`] tasks are already alive (for an async
-/// handler's delivery still pending after its first poll: and as many
-/// wait for a slot).
+/// [`Config::max_inflight_tasks`] tasks are already alive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Overflow {
@@ -195,23 +193,17 @@ pub struct Config {
     ///   subscription) takes a slot if one is free and otherwise runs past
     ///   the cap rather than hold up or lose its messages: at most one such
     ///   task per async ordered subscription;
-    /// - started from inside an async handler of the same bus (one that
-    ///   publishes or requests): it continues as a task past the cap,
-    ///   since that handler may hold the last slot while it awaits this
-    ///   very delivery (a request's answer);
-    /// - on the publisher's thread: it waits for a slot, in publish order,
-    ///   among at most as many others as the cap, and the next task to end
-    ///   runs it. When that room is full too, the [`Overflow`] policy
-    ///   applies, as it does at once on a pool worker: `Drop` and `Error`
-    ///   cancel it (counted), `Wait` and `CallerRuns` have its runner
-    ///   finish it there, blocking the thread (a publisher on a
-    ///   multi-thread runtime's thread blocks through
-    ///   `tokio::task::block_in_place`). A publisher on a current-thread
-    ///   runtime cannot block for it (the future needs that very thread),
-    ///   so there its deliveries keep waiting past the room's size, and the
-    ///   bus logs a warning the first time: the tasks stay within the cap,
-    ///   but a burst that never yields grows the room; publish from a
-    ///   multi-thread runtime, or yield.
+    /// - elsewhere the [`Overflow`] policy applies: `Drop` and `Error`
+    ///   cancel it (counted); `Wait` and `CallerRuns` have its runner finish
+    ///   it there, blocking the thread as a slow sync handler would (a
+    ///   publisher on a multi-thread runtime's thread blocks through
+    ///   `tokio::task::block_in_place`). Nothing waits for a slot: a
+    ///   delivery that did could wait for the very task that awaits it (a
+    ///   request's answer, a `close` from a handler). Two publishers cannot
+    ///   block for it, and there it continues as a task past the cap: one
+    ///   on a current-thread runtime (the future needs that very thread),
+    ///   and a publish made inside an async handler's first poll (which
+    ///   runs in the bus's runtime context, hiding what the thread is).
     pub max_inflight_tasks: usize,
     /// How many messages a stream subscription's mailbox holds. When it is full
     /// the oldest message is dropped and counted, so `publish` never waits for a

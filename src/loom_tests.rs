@@ -68,8 +68,7 @@ use loom::thread;
 
 use crate::config::{Config, DeliveryMode, Overflow};
 use crate::dispatch::{
-    Dispatcher, Env, Fanout, Lane, LaneWatch, Next, Policy, Pushed, Server, TaskGauge, WaitingRoom,
-    STALL,
+    Dispatcher, Env, Fanout, Lane, LaneWatch, Next, Policy, Pushed, Server, TaskGauge, STALL,
 };
 use crate::message::Message;
 use crate::registry::entry::{HandlerEntry, Subscriber, SyncSink};
@@ -1211,52 +1210,5 @@ fn loom_unsubscribe_and_wait_outlasts_an_async_delivery() {
         });
         waited.store(true, Ordering::SeqCst);
         runner.join().unwrap();
-    });
-}
-
-/// A task slot given back races two deliveries that found every slot
-/// taken and are put in the waiting room (`waiting_room.rs`, "The
-/// hand-off"). With a cap of one, whatever the interleaving, one of them
-/// is started in the freed slot, the other still waits, and no slot is
-/// left free while it does. Fails with either side's fence removed (tried).
-#[test]
-fn loom_a_freed_slot_starts_a_waiting_delivery() {
-    use crate::sync::{AtomicUsize, Ordering};
-
-    model(|| {
-        let slots = Arc::new(TaskGauge::new(1));
-        let room = Arc::new(WaitingRoom::<u32>::new(4));
-        let started = Arc::new(AtomicUsize::new(0));
-        assert!(slots.try_take(), "the task that will end holds the slot");
-        let deliveries: Vec<_> = (0..2)
-            .map(|_| {
-                let (slots, room, started) =
-                    (Arc::clone(&slots), Arc::clone(&room), Arc::clone(&started));
-                thread::spawn(move || {
-                    let start = |_: u32| {
-                        started.fetch_add(1, Ordering::Relaxed);
-                    };
-                    if slots.try_take() {
-                        start(7);
-                    } else {
-                        assert!(room.push(7, false).is_ok());
-                        room.hand_out(&slots, start);
-                    }
-                })
-            })
-            .collect();
-        slots.give_back();
-        if room.has_waiting() {
-            room.hand_out(&slots, |_| {
-                started.fetch_add(1, Ordering::Relaxed);
-            });
-        }
-        for delivery in deliveries {
-            delivery.join().unwrap();
-        }
-        let waiting = room.take_all().len();
-        assert_eq!(started.load(Ordering::Relaxed), 1, "one slot, one start");
-        assert_eq!(waiting, 1, "the other delivery waits");
-        assert_eq!(slots.live(), 1, "no slot is free while a delivery waits");
     });
 }

@@ -295,12 +295,15 @@ async fn async_deliveries_beyond_the_task_cap_are_counted() {
         }
         // What may stay in flight while the handlers wait: a task each, and
         // in `TaskPerSubscriber` the publishes their lanes hold (lanes of
-        // `CAP / workers` publishes, one per worker), elsewhere the
-        // deliveries waiting for a task slot (as many as the cap).
-        let room = 2 * CAP as u64;
+        // `CAP / workers` publishes, one per worker).
+        let room = if mode == DeliveryMode::TaskPerSubscriber {
+            2 * CAP as u64
+        } else {
+            CAP as u64
+        };
         // Every delivery has been accepted; wait until each one either
-        // continues as a task, waits in a lane or for a slot, or was
-        // dropped, then let them finish.
+        // continues as a task, waits in a lane, or was dropped, then let
+        // them finish.
         assert!(wait_until(Duration::from_secs(10), || {
             bus.inflight_messages() <= room
         }));
@@ -328,8 +331,7 @@ async fn async_deliveries_beyond_the_task_cap_are_counted() {
 }
 
 /// In `Inline` mode the publisher itself drops an async delivery that finds
-/// the task cap and its waiting room full, so under `Overflow::Error` it
-/// can and must say so. (Or, per `DeliveryMode::Inline`'s docs, "the
+/// the task cap full, so under `Overflow::Error` it can and must say so. (Or, per `DeliveryMode::Inline`'s docs, "the
 /// overflow policy does not apply" and nothing is dropped; either way a
 /// publish may not return `Ok` while it dropped a delivery under `Error`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -361,10 +363,9 @@ async fn inline_publish_under_error_reports_what_it_dropped() {
             assert_eq!(result.ok(), Some(1), "publish {id} dropped nothing");
         }
     }
-    // The first takes the one task slot, the second waits for it in the
-    // waiting room (which holds as many as the cap), and every later one
-    // finds both full: the case this test is about happened.
-    assert_eq!(refused, M - 2, "publishes that found the task cap full");
+    // The first takes the one task slot and waits; every later one finds
+    // the cap full: the case this test is about happened.
+    assert_eq!(refused, M - 1, "publishes that found the task cap full");
     release.add_permits(M as usize);
     bus.close().await.unwrap();
     let stats = bus.stats();
@@ -484,6 +485,20 @@ fn yielding_async_subscription(bus: &Bus<u32>, hits: &Arc<Hits>) -> Subscription
     .unwrap()
 }
 
+/// An async handler on `rpc` that yields once (so it is still pending after
+/// its first poll), then answers the request with its value plus one.
+fn yielding_responder(bus: &Bus<u32>) -> Subscription {
+    let responder = bus.clone();
+    bus.subscribe_async("rpc", move |m: Arc<Message<u32>>| {
+        let bus = responder.clone();
+        async move {
+            tokio::task::yield_now().await;
+            let _ = bus.reply(&m, *m.data() + 1);
+        }
+    })
+    .unwrap()
+}
+
 /// An async handler on `a/x` that awaits a permit of `gate` per message.
 fn gated_async_subscription(bus: &Bus<u32>, gate: &Arc<tokio::sync::Semaphore>) -> Subscription {
     let gate = Arc::clone(gate);
@@ -497,10 +512,10 @@ fn gated_async_subscription(bus: &Bus<u32>, gate: &Arc<tokio::sync::Semaphore>) 
 /// `max_inflight_tasks` bounds the tasks an async handler's pending
 /// deliveries keep alive when the publisher is a task on a multi-thread
 /// runtime (it used to spawn one task per delivery past the cap, with
-/// no bound). Past the cap a delivery waits in the waiting room; past that
-/// the publisher runs it itself, under `Wait` and `CallerRuns` alike,
-/// blocking in `block_in_place` while the runtime's other tasks move on.
-/// A thread releases the handlers slowly, one message at a time.
+/// no bound). Past the cap the publisher finishes the delivery itself,
+/// under `Wait` and `CallerRuns` alike, blocking in `block_in_place` while
+/// the runtime's other tasks move on. A thread releases the handlers
+/// slowly, one message at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_task_cap_bounds_a_runtime_publishers_pending_deliveries() {
     const CAP: usize = 4;
@@ -541,9 +556,9 @@ async fn the_task_cap_bounds_a_runtime_publishers_pending_deliveries() {
             "{overflow:?}: {most_alive} tasks alive with max_inflight_tasks = {CAP}"
         );
         assert!(
-            still_blocked <= 2 * CAP as u64 + 1,
-            "{overflow:?}: {still_blocked} deliveries pending after the loop: tasks, the \
-             waiting room and the one the publisher ran are all there can be"
+            still_blocked <= CAP as u64 + 1,
+            "{overflow:?}: {still_blocked} deliveries pending after the loop: the tasks \
+             and the one the publisher ran are all there can be"
         );
         assert_eq!(
             (stats.delivered, stats.dropped),
@@ -553,13 +568,13 @@ async fn the_task_cap_bounds_a_runtime_publishers_pending_deliveries() {
     }
 }
 
-/// A publisher on a current-thread runtime can neither wait nor block for
-/// a pending delivery (its own thread runs them), so past the cap its
-/// deliveries wait in the room, which then grows past its size; the tasks
-/// alive still stay within the cap, and everything is delivered once the
+/// A publisher on a current-thread runtime cannot block for a pending
+/// delivery (its own thread runs them), so past the cap, under the default
+/// `Wait`, its deliveries continue as tasks past the cap (the documented
+/// exception) and nothing is lost: everything is delivered once the
 /// publisher yields.
 #[test]
-fn a_current_thread_publisher_keeps_the_task_cap_and_loses_nothing() {
+fn a_current_thread_publisher_loses_nothing_at_the_task_cap() {
     const CAP: usize = 2;
     const N: u32 = 300;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -574,17 +589,9 @@ fn a_current_thread_publisher_keeps_the_task_cap_and_loses_nothing() {
             .unwrap();
         let hits = Arc::new(Hits::new(N as usize));
         let _sub = yielding_async_subscription(&bus, &hits);
-        let metrics = tokio::runtime::Handle::current().metrics();
-        let before = metrics.num_alive_tasks();
-        let mut most_alive = 0;
         for id in 0..N {
             bus.publish("a/x", id).unwrap();
-            most_alive = most_alive.max(metrics.num_alive_tasks().saturating_sub(before));
         }
-        assert!(
-            most_alive <= CAP,
-            "{most_alive} tasks alive with max_inflight_tasks = {CAP}"
-        );
         tokio::time::timeout(Duration::from_secs(30), bus.close())
             .await
             .expect("close timed out")
@@ -595,94 +602,12 @@ fn a_current_thread_publisher_keeps_the_task_cap_and_loses_nothing() {
     });
 }
 
-/// Under `Drop`, a pending delivery past the cap waits in the room while
-/// it has space, and only then is dropped: with a cap of one, of four
-/// messages to a handler that waits, one runs, one waits, two are dropped;
-/// the waiting one runs once the first ends.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pending_delivery_waits_for_a_slot_before_the_policy_applies() {
-    let bus = Bus::<u32>::builder()
-        .delivery(DeliveryMode::Inline)
-        .max_inflight_tasks(1)
-        .overflow(Overflow::Drop)
-        .build()
-        .unwrap();
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let _sub = gated_async_subscription(&bus, &gate);
-    for id in 0..4 {
-        bus.publish("a/x", id).unwrap();
-    }
-    assert_eq!(
-        bus.stats().dropped,
-        2,
-        "two found the slot and the room full"
-    );
-    assert_eq!(bus.inflight_messages(), 2, "one runs, one waits");
-    gate.add_permits(1);
-    assert!(wait_until(Duration::from_secs(10), || bus
-        .stats()
-        .delivered
-        == 1));
-    assert_eq!(
-        bus.inflight_messages(),
-        1,
-        "the waiting delivery took the freed slot"
-    );
-    gate.add_permits(1);
-    tokio::time::timeout(Duration::from_secs(10), bus.close())
-        .await
-        .expect("close timed out: the waiting delivery never started")
-        .unwrap();
-    assert_eq!((bus.stats().delivered, bus.stats().dropped), (2, 2));
-}
-
-/// A runtime shut down while deliveries wait for a slot: its tasks are
-/// cancelled, each slot they give back starts a waiting delivery the
-/// runtime refuses at once, and every one is counted as dropped, so
-/// nothing accepted goes uncounted and the bus is idle.
-#[test]
-fn a_runtime_shut_down_counts_the_waiting_deliveries() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let bus = {
-        let _context = runtime.enter();
-        Bus::<u32>::builder()
-            .delivery(DeliveryMode::Inline)
-            .max_inflight_tasks(2)
-            .build()
-            .unwrap()
-    };
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let _sub = gated_async_subscription(&bus, &gate);
-    // Published from outside the runtime: two take the slots, two wait
-    // (with no room to wait in, the third would block its publisher).
-    let (published, done) = std::sync::mpsc::channel();
-    let publisher = bus.clone();
-    std::thread::spawn(move || {
-        for id in 0..4 {
-            publisher.publish("a/x", id).unwrap();
-        }
-        let _ = published.send(());
-    });
-    assert!(
-        done.recv_timeout(Duration::from_secs(10)).is_ok(),
-        "the publisher blocked on a delivery instead of letting it wait"
-    );
-    assert_eq!(bus.inflight_messages(), 4);
-    drop(runtime);
-    let stats = bus.stats();
-    assert_eq!((stats.delivered, stats.dropped), (0, 4));
-    assert_eq!(bus.inflight_messages(), 0);
-}
-
 /// An async handler that holds the only task slot and awaits a request
 /// whose responder is itself an async handler still pending after its
-/// first poll: the responder cannot wait for the slot its own requester
-/// holds, or neither would ever move. It continues as a task past the
-/// cap instead, in every mode.
+/// first poll: the responder must not wait for the slot its own requester
+/// holds, or neither would ever move. Its publisher (the requester's task)
+/// finishes it itself, in every mode. (A first version of a waiting room
+/// for task slots deadlocked here until the request's timeout.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_from_a_task_holding_the_last_slot_is_answered() {
     for mode in MODES {
@@ -691,16 +616,7 @@ async fn a_request_from_a_task_holding_the_last_slot_is_answered() {
             .max_inflight_tasks(1)
             .build()
             .unwrap();
-        let responder = bus.clone();
-        let _responder = bus
-            .subscribe_async("rpc", move |m: Arc<Message<u32>>| {
-                let bus = responder.clone();
-                async move {
-                    tokio::task::yield_now().await;
-                    bus.reply(&m, *m.data() + 1).unwrap();
-                }
-            })
-            .unwrap();
+        let _responder = yielding_responder(&bus);
         let (answered, answer) = tokio::sync::oneshot::channel();
         let answered = std::sync::Mutex::new(Some(answered));
         let requester = bus.clone();
@@ -733,13 +649,12 @@ async fn a_request_from_a_task_holding_the_last_slot_is_answered() {
 }
 
 /// A handler of one bus whose first poll publishes to a second bus at its
-/// task cap, with the second bus's waiting room full, from a current-thread
-/// runtime's thread. The first poll enters the first bus's multi-thread
-/// runtime context, so the thread looked like one of that runtime's and
-/// the second bus tried `block_in_place` there, which panics on a
-/// current-thread runtime (the panic was counted twice and the accepted
-/// delivery stayed in flight for good). The delivery now waits in the
-/// room, and everything is delivered.
+/// task cap, from a current-thread runtime's thread. The first poll enters
+/// the first bus's multi-thread runtime context, so the thread looked like
+/// one of that runtime's and the second bus tried `block_in_place` there,
+/// which panics on a current-thread runtime (the panic was counted twice
+/// and the accepted delivery stayed in flight for good). The delivery now
+/// continues as a task past the cap, and everything is delivered.
 #[test]
 fn a_publish_from_a_first_poll_on_a_current_thread_runtime_does_not_block_in_place() {
     let rt = common::runtime(2);
@@ -775,7 +690,7 @@ fn a_publish_from_a_first_poll_on_a_current_thread_runtime_does_not_block_in_pla
     common::within(Duration::from_secs(10), "the publishes", move || {
         publisher.block_on(async move {
             second_too.publish("a/x", 0).unwrap(); // a task: the only slot
-            second_too.publish("a/x", 1).unwrap(); // the room, now full
+            second_too.publish("a/x", 1).unwrap(); // past the cap: cannot block
             first_too.publish("b", 0).unwrap(); // relays "a/x" 2
         });
     });
@@ -792,4 +707,106 @@ fn a_publish_from_a_first_poll_on_a_current_thread_runtime_does_not_block_in_pla
         "{first:?} {second:?}"
     );
     assert_eq!(second.delivered, 3, "{second:?}");
+}
+
+/// An async handler continued as a task holds the only task slot and calls
+/// `close()`; a second delivery of the same subscription, published before
+/// the close at the cap, is finished by its publisher and does not wait for
+/// that slot. (With the first version of a waiting room for task slots it
+/// did: `close` waited for it, it waited for the caller's slot, and `close`
+/// could only time out. Found by the review of the session's diff.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_from_a_handler_holding_the_last_slot_returns() {
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::Inline)
+        .max_inflight_tasks(1)
+        .close_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
+    let closed_tx = std::sync::Mutex::new(Some(closed_tx));
+    let closer = bus.clone();
+    let g = Arc::clone(&gate);
+    let _sub = bus
+        .subscribe_async("a/x", move |m: Arc<Message<u32>>| {
+            let bus = closer.clone();
+            let gate = Arc::clone(&g);
+            let tx = if *m.data() == 0 {
+                closed_tx.lock().unwrap().take()
+            } else {
+                None
+            };
+            async move {
+                if let Some(tx) = tx {
+                    // Pending at its first poll: continued as a task, in
+                    // the only slot.
+                    gate.acquire().await.unwrap().forget();
+                    let _ = tx.send(bus.close().await);
+                } else {
+                    tokio::task::yield_now().await;
+                }
+            }
+        })
+        .unwrap();
+    bus.publish("a/x", 0).unwrap(); // a task: the only slot
+    bus.publish("a/x", 1).unwrap(); // pending at the cap: finished here
+    gate.add_permits(1);
+    let closed = tokio::time::timeout(Duration::from_secs(20), closed_rx)
+        .await
+        .expect("the closing handler never finished")
+        .unwrap();
+    assert!(
+        closed.is_ok(),
+        "close() from the handler: {closed:?} (the other delivery waits for the caller's slot)"
+    );
+}
+
+/// An async handler holding the only task slot hands a request to a task of
+/// its own (`tokio::spawn`) and awaits it: the responder's delivery
+/// (pending after its first poll) must not wait for the slot its requester
+/// holds. (With the first version of a waiting room for task slots it
+/// did, and the request timed out; found by the review of the session's
+/// diff.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_from_a_task_spawned_by_a_handler_holding_the_last_slot_is_answered() {
+    let mut failed = Vec::new();
+    for mode in common::MODES {
+        let bus = Bus::<u32>::builder()
+            .delivery(mode)
+            .max_inflight_tasks(1)
+            .build()
+            .unwrap();
+        let _responder = yielding_responder(&bus);
+        let (answered, answer) = tokio::sync::oneshot::channel();
+        let answered = std::sync::Mutex::new(Some(answered));
+        let requester = bus.clone();
+        let _requester = bus
+            .subscribe_async("go", move |_: Arc<Message<u32>>| {
+                let bus = requester.clone();
+                let answered = answered.lock().unwrap().take();
+                async move {
+                    tokio::task::yield_now().await;
+                    let reply = tokio::spawn(async move {
+                        bus.request("rpc", 41, Duration::from_secs(3)).await
+                    })
+                    .await
+                    .unwrap();
+                    if let Some(answered) = answered {
+                        let _ = answered.send(reply.map(|m| *m.data()));
+                    }
+                }
+            })
+            .unwrap();
+        bus.publish("go", 0).unwrap();
+        let reply = tokio::time::timeout(Duration::from_secs(20), answer)
+            .await
+            .expect("the requester never finished")
+            .unwrap();
+        if reply.as_ref().ok().copied() != Some(42) {
+            failed.push(format!("{mode:?}: {reply:?}"));
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(20), bus.close()).await;
+    }
+    assert!(failed.is_empty(), "requests not answered: {failed:?}");
 }

@@ -186,10 +186,12 @@ fn runtime_shutdown_balances_every_handler_kind() {
     }
 }
 
-/// `max_inflight_tasks` 2: two async deliveries hold the slots, two more
-/// wait in the waiting room. The runtime shuts down: all four are counted.
+/// `max_inflight_tasks` 2: two async deliveries that never finish hold the
+/// slots. The runtime shuts down: both are counted, and no task is left.
+/// (A publish past the cap would block its publisher, outside any runtime,
+/// until the delivery it finishes itself ends: never, here.)
 #[test]
-fn waiting_room_deliveries_are_counted_when_the_runtime_shuts_down() {
+fn deliveries_holding_task_slots_are_counted_when_the_runtime_shuts_down() {
     let _serial = serial();
     for how in [Shutdown::Background, Shutdown::Timeout, Shutdown::Drop] {
         for mode in [DeliveryMode::Inline, DeliveryMode::TaskPerSubscriber] {
@@ -215,13 +217,13 @@ fn waiting_room_deliveries_are_counted_when_the_runtime_shuts_down() {
             };
             let publisher = bus.clone();
             let accepted = within(LIMIT, &what, move || {
-                (0..4)
+                (0..2)
                     .map(|v| publisher.publish("t", v).unwrap() as u64)
                     .sum::<u64>()
             });
             // In a lane, the lane's task awaits what the cap keeps from a task of
             // its own, and the publishes queued behind wait for it.
-            let expected = if mode == DeliveryMode::Inline { 4 } else { 2 };
+            let expected = if mode == DeliveryMode::Inline { 2 } else { 1 };
             assert!(
                 wait_until(LIMIT, || polled.load(Ordering::SeqCst) >= expected),
                 "{what}: polled {}",

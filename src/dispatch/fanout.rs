@@ -99,8 +99,8 @@ pub(crate) trait Runner<T> {
     fn offer_helper(&mut self, job: &Fanout<T>) -> bool;
     /// Takes over an async delivery still running after its first poll. It
     /// must eventually finish it and account for it. True if it now
-    /// continues off this thread's stack (a task, or the wait for a task
-    /// slot), where the runner's claim no longer holds it.
+    /// continues off this thread's stack (as a task of its own), where the
+    /// runner's claim no longer holds it.
     fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) -> bool;
 }
 

@@ -24,7 +24,6 @@
 //! - `pending.rs` — async handlers whose future is not finished after its
 //!   first poll continue as tasks.
 //! - `permit.rs` — task slots, counted against `max_inflight_tasks`.
-//! - `waiting_room.rs` — pending async deliveries waiting for a task slot.
 //! - `streams.rs` — stream subscriptions: the publisher pushes into their
 //!   mailboxes itself, in every mode.
 //!
@@ -81,7 +80,6 @@ mod permit;
 mod pool;
 mod streams;
 mod tasks;
-mod waiting_room;
 
 use std::sync::Arc;
 
@@ -105,8 +103,6 @@ pub(crate) use permit::TaskGauge;
 #[cfg(all(test, loom))]
 pub(crate) use pool::STALL;
 pub(crate) use streams::push_to_streams;
-#[cfg(all(test, loom))]
-pub(crate) use waiting_room::WaitingRoom;
 
 /// How one publish is cut into units and handed to runners.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,12 +195,6 @@ pub(crate) struct Env {
     pub(crate) handle: Option<Handle>,
     pub(crate) tasks: TaskGauge,
     pub(crate) overflow: Overflow,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        pending::drop_waiting(self);
-    }
 }
 
 pub(super) fn report_panic(

@@ -4,37 +4,27 @@
 //! worker, a task runner, or the publisher). Most handlers finish then and
 //! cost nothing more. One that is still pending continues as its own task on
 //! the bus's runtime, so an awaiting handler never holds up a runner. Those
-//! tasks count against `max_inflight_tasks`. At the cap:
-//! - a task runner finishes the future itself (it already holds a task
-//!   slot; its pending deliveries are awaited together);
-//! - a delivery started while an async handler of the same bus is being
-//!   polled on this thread (a handler that publishes or requests) continues
-//!   as a task past the cap: that handler may hold the slot it would wait
-//!   for while it awaits this very delivery (a request's answer);
-//! - on a publisher's thread the future waits for a slot in the bus's
-//!   waiting room (`waiting_room.rs`, as many futures as the cap), in
-//!   publish order, and the next task to end starts it; when the room is
-//!   full too, the overflow policy decides, as it does at once on a pool
-//!   worker (which blocks on a slow delivery anyway):
-//!   - `Wait` / `CallerRuns`: the runner finishes the future itself,
-//!     blocking its thread: a worker thread, a publisher outside any
-//!     runtime, or a publisher on a multi-thread runtime's thread (through
-//!     `tokio::task::block_in_place`, so the runtime's other tasks move to
-//!     another thread). A publisher on a current-thread runtime can do
-//!     neither (blocking its thread would stop the future it waits for),
-//!     nor can one inside an async handler's first poll (which enters the
-//!     bus's runtime context, so the thread's own runtime cannot be told),
-//!     so its future joins the room past its size: the tasks alive stay
-//!     within the cap, but the room grows with a burst that never yields,
-//!     and the first time that happens a bus logs a warning;
-//!   - `Drop` / `Error`: the future is cancelled and counted as dropped (in
-//!     `Inline` mode `publish` then returns `Error::Overloaded` under
-//!     `Error`).
+//! tasks count against `max_inflight_tasks`. At the cap, a task runner
+//! finishes the future itself (it already holds a task slot; its pending
+//! deliveries are awaited together), and elsewhere the overflow policy
+//! decides:
+//! - `Wait` / `CallerRuns`: the delivery's runner finishes the future
+//!   itself, blocking its thread, as it would for a slow sync handler: a
+//!   worker thread, a publisher outside any runtime, or a publisher on a
+//!   multi-thread runtime's thread (through `tokio::task::block_in_place`,
+//!   so the runtime's other tasks move to another thread). Nothing waits
+//!   for a slot: a delivery that did could wait for the very task that
+//!   awaits it (a request's answer, a `close` from a handler). A publisher
+//!   on a current-thread runtime cannot block (the future needs that very
+//!   thread), nor can one inside an async handler's first poll (which
+//!   enters the bus's runtime context, so the thread's own runtime cannot
+//!   be told): there the future continues as a task past the cap;
+//! - `Drop` / `Error`: the future is cancelled and counted as dropped (in
+//!   `Inline` mode `publish` then returns `Error::Overloaded` under `Error`).
 //!
-//! A continued or waiting delivery stays in flight until its future
-//! completes, panics (caught and counted) or is cancelled by the runtime
-//! shutting down or the bus going away (counted as dropped), so `close`
-//! waits for it.
+//! A continued delivery stays in flight until its future completes, panics
+//! (caught and counted) or is cancelled by the runtime shutting down
+//! (counted as dropped), so `close` waits for it.
 
 use std::any::Any;
 use std::cell::Cell;
@@ -50,7 +40,6 @@ use super::permit::TaskPermit;
 use super::{report_panic, Env};
 use crate::config::Overflow;
 use crate::registry::entry::BoxFuture;
-use crate::registry::quiesce;
 use crate::stats::Tally;
 
 /// Polls a just-started async delivery once. `Some` if it is not finished.
@@ -110,7 +99,7 @@ pub(crate) enum Place {
 
 /// Where [`settle`] left a pending delivery.
 pub(crate) enum Handed {
-    /// It continues off this thread's stack (a task, or the waiting room)
+    /// It continues off this thread's stack (a task of its own)
     /// and will count its own outcome.
     Away,
     /// It was finished or dropped here, and its outcome is in the tally.
@@ -130,7 +119,7 @@ pub(crate) fn settle(future: BoxFuture, env: &Arc<Env>, place: Place, tally: &mu
         return Handed::Done;
     };
     if let Some(permit) = TaskPermit::acquire(env) {
-        handle.spawn(finish(future, Arc::clone(env), permit));
+        handle.spawn(finish(future, Arc::clone(env), Some(permit)));
         return Handed::Away;
     }
     if place == Place::Task {
@@ -138,32 +127,14 @@ pub(crate) fn settle(future: BoxFuture, env: &Arc<Env>, place: Place, tally: &mu
         // there takes no new one, whatever the policy.
         return Handed::Back(future);
     }
-    if quiesce::polling_here(&env.quiescence) {
-        // Started by an async handler of this bus, which may await it (a
-        // request's answer) while holding the slot it would wait for.
-        handle.spawn(finish(future, Arc::clone(env), TaskPermit::past_cap(env)));
-        return Handed::Away;
-    }
-    // A worker thread may block on it, as it does on a slow sync handler
-    // (see the module docs); a publisher may not always.
-    let future = if place == Place::Publisher {
-        match env.tasks.waiting.push(future, false) {
-            Ok(()) => {
-                // Every slot may have been given back since `acquire` looked.
-                start_waiting(env);
-                return Handed::Away;
-            }
-            Err(future) => future,
-        }
-    } else {
-        future
-    };
     match env.overflow {
         Overflow::Drop | Overflow::Error => {
             drop(future);
             tally.dropped += 1;
             tally.finished += 1;
         }
+        // Finished where it is, waiting or not: nothing waits for a slot
+        // (see the module docs).
         Overflow::Wait | Overflow::CallerRuns => match Handle::try_current() {
             Ok(current) if place == Place::Publisher => {
                 if current.runtime_flavor() == RuntimeFlavor::MultiThread && !EnteredForPoll::here()
@@ -172,16 +143,7 @@ pub(crate) fn settle(future: BoxFuture, env: &Arc<Env>, place: Place, tally: &mu
                         tokio::task::block_in_place(|| handle.block_on(CatchUnwind(future)));
                     record(outcome, tally);
                 } else {
-                    if env.tasks.waiting.first_overfill() {
-                        tracing::warn!(
-                            cap = env.tasks.cap(),
-                            "async deliveries past max_inflight_tasks wait beyond the \
-                             waiting room: a publisher on a current-thread runtime can \
-                             neither wait nor block for them"
-                        );
-                    }
-                    let _ = env.tasks.waiting.push(future, true);
-                    start_waiting(env);
+                    handle.spawn(finish(future, Arc::clone(env), None));
                     return Handed::Away;
                 }
             }
@@ -191,74 +153,18 @@ pub(crate) fn settle(future: BoxFuture, env: &Arc<Env>, place: Place, tally: &mu
     Handed::Done
 }
 
-/// Starts the deliveries waiting for a task slot, one per slot free now.
-/// Called by every slot given back while some wait (`TaskPermit`'s drop),
-/// and after a delivery is put in the room.
-pub(crate) fn start_waiting(env: &Arc<Env>) {
-    // A task the runtime refuses (it is shutting down) is dropped inside
-    // `spawn`, giving its slot back, which calls this again: the loop
-    // already running on this thread for the same bus picks that slot up,
-    // instead of a recursion as deep as the room.
-    #[cfg(not(loom))]
-    std::thread_local!(static STARTING: Cell<usize> = const { Cell::new(0) });
-    #[cfg(loom)]
-    loom::thread_local!(static STARTING: Cell<usize> = Cell::new(0));
-    let bus = Arc::as_ptr(env) as usize;
-    if STARTING.with(Cell::get) == bus {
-        return;
-    }
-    let Some(handle) = env.handle.as_ref() else {
-        return;
-    };
-    let _starting = Starting(STARTING.with(|starting| starting.replace(bus)));
-    env.tasks.waiting.hand_out(&env.tasks, |future| {
-        let permit = TaskPermit::adopt(env);
-        handle.spawn(finish(future, Arc::clone(env), permit));
-    });
-
-    struct Starting(usize);
-    impl Drop for Starting {
-        fn drop(&mut self) {
-            let outer = self.0;
-            STARTING.with(|starting| starting.set(outer));
-        }
-    }
-}
-
-/// Counts the deliveries still waiting for a task slot as dropped: the bus
-/// is going away.
-pub(super) fn drop_waiting(env: &Env) {
-    let left = env.tasks.waiting.take_all();
-    let count = left.len() as u64;
-    drop(left);
-    if count > 0 {
-        env.counters.add(&Tally {
-            finished: count,
-            dropped: count,
-            ..Tally::default()
-        });
-    }
-}
-
-/// Runs a pending delivery to its end as a task, accounting for it, then
-/// the deliveries waiting for a slot, in the same task and slot, until none
-/// is left. The accounting guard is built before the task is spawned, so a
-/// task the runtime drops unpolled still counts its delivery (as dropped).
-fn finish(future: BoxFuture, env: Arc<Env>, permit: TaskPermit) -> impl Future<Output = ()> + Send {
-    let mut outcome = Outcome::new(Arc::clone(&env));
+/// Runs a pending delivery to its end as a task, accounting for it. The
+/// accounting guard is built before the task is spawned, so a task the
+/// runtime drops unpolled still counts its delivery (as dropped).
+fn finish(
+    future: BoxFuture,
+    env: Arc<Env>,
+    permit: Option<TaskPermit>,
+) -> impl Future<Output = ()> + Send {
+    let mut outcome = Outcome::new(env);
     async move {
-        let mut future = future;
-        loop {
-            record(CatchUnwind(future).await, &mut outcome.tally);
-            outcome.settled = true;
-            let next = env.tasks.waiting.take_one();
-            let Some(next) = next else { break };
-            future = next;
-            drop(std::mem::replace(
-                &mut outcome,
-                Outcome::new(Arc::clone(&env)),
-            ));
-        }
+        record(CatchUnwind(future).await, &mut outcome.tally);
+        outcome.settled = true;
         // The slot first, then the count: a publisher that sees the delivery
         // finished finds the slot free.
         drop(permit);

@@ -225,18 +225,6 @@ pub(crate) fn held_here(quiescence: &Quiescence) -> u64 {
     own(quiescence.id).held
 }
 
-/// Whether this thread is polling an async delivery of `quiescence`'s bus
-/// now: a delivery started here may be what that handler awaits (a
-/// request's answer), so it must not wait behind it (`dispatch/pending.rs`).
-pub(crate) fn polling_here(quiescence: &Quiescence) -> bool {
-    POLLING.with(|polling| {
-        polling
-            .borrow()
-            .iter()
-            .any(|frame| frame.bus == quiescence.id)
-    })
-}
-
 /// Whether this thread's stack holds deliveries of any bus (a handler's
 /// thread: it must not wait for a lane it may be serving).
 pub(crate) fn held_by_any_bus_here() -> bool {
