@@ -921,15 +921,17 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// for either; an async handler awaiting it holds up only its own
     /// delivery (the rest of its publish goes on, and is waited for), and,
     /// for an ordered handler, the messages queued behind that call, which
-    /// run once it has returned. Deliveries of other buses are none of this bus's: a handler of one
-    /// bus closing another waits for all of the other's.
+    /// run once it has returned. Deliveries of other buses are none of this
+    /// bus's: a handler of one bus closing another waits for all of the
+    /// other's.
     ///
     /// Cancel-safe: the bus is closed as soon as this is first polled, and
     /// ending the streams and stopping the workers does not depend on this
     /// future (the thread it waits on, so that no executor thread blocks,
-    /// stops waiting when it is dropped). They happen when the last accepted delivery finishes, by
-    /// whoever finishes it, even if the future is dropped (a `timeout`, a
-    /// `select!`) or has returned `CloseTimeout`.
+    /// stops waiting when it is dropped). They happen when the last
+    /// accepted delivery finishes, by whoever finishes it, even if the
+    /// future is dropped (a `timeout`, a `select!`) or has returned
+    /// `CloseTimeout`.
     ///
     /// Works on any executor; calling it again waits again.
     pub async fn close(&self) -> Result<(), Error> {

@@ -895,9 +895,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let mut made = None;
         let store = inner.retained.lock_fresh(&mut garbage, counters);
         let snapshot = store.matching(filter);
-        let capacity = mailbox.capacity();
         let mailbox = mailbox.after_snapshot(store.seq);
-        let queued = fitting(&mailbox, capacity, &snapshot, counters);
+        let queued = fitting(&mailbox, &snapshot, counters);
         // In flight before they are queued: the drain finishes each.
         running.extend(queued.len() as u64);
         queue_copies(&mailbox, queued, counters);
@@ -970,7 +969,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 }
                 _ => Mailbox::with_overflow(capacity, overflow),
             };
-            let fitting = fitting(&mailbox, capacity, &messages, counters);
+            let fitting = fitting(&mailbox, &messages, counters);
             queue_copies(&mailbox, fitting, counters);
             let mut make = Some(|filter: Arc<str>| {
                 let entry = Arc::new(Subscriber::new(id, mailbox));
@@ -996,8 +995,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
     }
 }
 
-/// The messages of `snapshot` (oldest first) to push into a fresh mailbox
-/// of `capacity`, by its overflow policy: `DropOldest` keeps the newest that
+/// The messages of `snapshot` (oldest first) to push into a fresh mailbox,
+/// by its overflow policy: `DropOldest` keeps the newest that
 /// fit and `DropNewest` the oldest, as a burst of publishes would leave
 /// them; `Backpressure`, which has no publisher to hold back here, keeps
 /// the newest (a topic's latest value is what a snapshot is for). Those
@@ -1005,10 +1004,10 @@ impl<T: Send + Sync + 'static> Bus<T> {
 /// gets one message more than fits, whose push closes it.
 fn fitting<'a, T>(
     mailbox: &Mailbox<T>,
-    capacity: usize,
     snapshot: &'a [Arc<Message<T>>],
     counters: &Counters,
 ) -> &'a [Arc<Message<T>>] {
+    let capacity = mailbox.capacity();
     let left_out = snapshot.len().saturating_sub(capacity);
     if left_out == 0 {
         return snapshot;
