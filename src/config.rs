@@ -112,11 +112,12 @@ pub enum Overflow {
     /// The deliveries that could not be queued are dropped and counted in
     /// [`Stats::dropped`](crate::Stats::dropped).
     ///
-    /// A sync ordered handler's delivery dropped here takes with it that
-    /// subscription's earlier messages still waiting for their own queued
-    /// work, counted as dropped too: the subscription's next message is
-    /// then the first one after the drop, so its order holds, but an
-    /// earlier publish that returned `Ok` may not reach it.
+    /// An ordered handler's delivery dropped here drops that message only:
+    /// the subscription's earlier messages, still waiting for their own
+    /// queued work, run when it comes, in order, and the dropped one is
+    /// passed over. A dropped delivery whose subscription is running an
+    /// earlier message at that moment is not dropped at all: that call's
+    /// runner runs it next, as it would have run a queued one.
     Drop,
     /// Like `Drop`, and a `publish` that had to drop deliveries returns
     /// [`Error::Overloaded`]. It reports what was refused during the call; an

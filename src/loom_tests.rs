@@ -829,6 +829,57 @@ fn loom_ordered_sink_runs_each_message_once_in_order() {
     });
 }
 
+/// Three messages sit in an ordered log; the deliveries of the first and
+/// the last run at once with the refusal of the middle one (its job could
+/// not be queued). The two delivered messages run exactly once, in order;
+/// the refused one runs (its refusal found a runner at work) or is counted
+/// dropped, never both; and the outcomes add up to the calls made. The
+/// refusal must not take the first message with it, nor count the middle
+/// one dropped after a runner ran it and let go.
+#[test]
+fn loom_an_ordered_refusal_drops_only_its_own_message() {
+    use crate::registry::entry::{Outcome, Settled, Sink};
+
+    model(|| {
+        let (log, seen, sink) = watched_ordered_sink();
+        let messages: Vec<_> = (0..3).map(|v| Arc::new(Message::new("t", v))).collect();
+        for message in &messages {
+            log.append(message);
+        }
+        fn deliver<S: Sink<u32> + 'static>(
+            sink: &Arc<S>,
+            message: &Arc<Message<u32>>,
+            position: u64,
+        ) -> thread::JoinHandle<(u64, u64)> {
+            let (sink, message) = (Arc::clone(sink), Arc::clone(message));
+            thread::spawn(move || {
+                let mut settled = Settled::default();
+                assert!(sink.deliver_at(&message, position, &mut settled).is_none());
+                if settled.deliveries == 0 {
+                    (1, 0)
+                } else {
+                    (settled.delivered, settled.dropped)
+                }
+            })
+        }
+        let first = deliver(&sink, &messages[0], 0);
+        let last = deliver(&sink, &messages[2], 2);
+        let refused: Outcome = sink.discard_at(&messages[1], 1).expect("settled");
+        let (first, last) = (first.join().unwrap(), last.join().unwrap());
+        let delivered = first.0 + last.0 + u64::from(refused.delivered);
+        let dropped = first.1 + last.1 + u64::from(refused.dropped);
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(
+            delivered + dropped,
+            3,
+            "each message counted once: {seen:?}"
+        );
+        assert_eq!(delivered, seen.len() as u64, "{seen:?}");
+        let expected: &[u32] = if dropped == 1 { &[0, 2] } else { &[0, 1, 2] };
+        assert_eq!(seen, expected);
+    });
+}
+
 /// A worker's batch of two messages and another publisher's single
 /// delivery reach the same ordered subscription at once: each message runs
 /// exactly once, in log order, never two calls at a time.

@@ -403,7 +403,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
                 break;
             }
             let end = (start + self.plan.unit).min(self.total);
-            tally.dropped += self.discard(start..end) as u64;
+            self.discard(start..end, tally);
             tally.finished += (end - start) as u64;
             if self.plan.single_claim {
                 break;
@@ -412,22 +412,26 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         (tally.dropped - before) as usize
     }
 
-    /// Deliveries that will not run: returns how many count as dropped
-    /// (active subscriptions, or what an ordered one settled).
-    fn discard(&self, deliveries: Range<usize>) -> usize {
-        let mut dropped = 0;
+    /// Deliveries that will not run, counted in `tally`: dropped for active
+    /// subscriptions, or what an ordered one settled (which may have run
+    /// messages other deliveries left to it).
+    fn discard(&self, deliveries: Range<usize>, tally: &mut Tally) {
         for (index, (set, slots)) in self.segments_indexed(deliveries) {
             let position = self.position(index);
             for entry in slots.filter_map(|offset| set.get(offset)) {
-                if entry.is_active() {
-                    dropped += entry
-                        .sink
-                        .discard_at(position)
-                        .map_or(1, |settled| settled.dropped as usize);
+                if !entry.is_active() {
+                    continue;
+                }
+                match entry.sink.discard_at(&self.message, position) {
+                    None => tally.dropped += 1,
+                    Some(settled) => {
+                        tally.dropped += u64::from(settled.dropped);
+                        tally.delivered += u64::from(settled.delivered);
+                        tally.panics += u64::from(settled.panics);
+                    }
                 }
             }
         }
-        dropped
     }
 
     /// The handler sets and slot ranges holding `deliveries`.

@@ -78,6 +78,7 @@ mod ordered_sink;
 mod pending;
 mod permit;
 mod pool;
+mod refused;
 mod streams;
 mod tasks;
 

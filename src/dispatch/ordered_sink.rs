@@ -29,10 +29,16 @@
 //!   returns: a delivery that returned early has a runner still in flight,
 //!   which runs its message before returning, so `close` and
 //!   `unsubscribe_and_wait` wait for it.
-//! - **A delivery that will not run** (its job dropped it: a full queue
-//!   under `Overflow::Drop`, a runtime shutting down) is settled the same
-//!   way, except that the runner counts what it finds as dropped instead of
-//!   running it.
+//! - **A delivery that will not run** (its job refused it: a full queue
+//!   under `Overflow::Drop` or `Overflow::Error`, a runtime shutting down)
+//!   drops its own message only. If a runner is at work, the delivery
+//!   leaves its message to it as any delivery does, and it runs. Else the
+//!   delivery becomes the runner just long enough to count its message
+//!   dropped and note its position ([`Refused`]); a later runner passes a
+//!   noted position without a call. Earlier messages whose jobs are still
+//!   queued run when those jobs come, in order; a refused delivery never
+//!   runs a handler unless a delivery counted in while it held the runner
+//!   role, whose message it then runs as any runner would.
 //! - A handler that publishes to itself (any mode) finds `pending` held by
 //!   its own runner and leaves the message to it: no recursion.
 //! - **A retained snapshot** (see `retained.rs`): the sink starts with
@@ -44,6 +50,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
 
+use super::refused::Refused;
 use super::report_panic;
 use crate::message::Message;
 use crate::registry::entry::{BoxFuture, Outcome, Settled, Sink, Tracked, NO_POSITION};
@@ -64,6 +71,8 @@ pub(crate) struct OrderedSink<T, H> {
     pending: AtomicUsize,
     /// Cleared when the subscription is removed: the runner skips the rest.
     active: AtomicBool,
+    /// Positions ahead of the cursor whose deliveries were refused.
+    refused: Refused,
     /// Retained publishes numbered this or lower were in the snapshot the
     /// subscription started with (or older than it): a live copy of one
     /// is not run again. 0 for a subscription without a snapshot.
@@ -77,7 +86,7 @@ pub(crate) struct OrderedSink<T, H> {
 enum Call {
     Delivered,
     Panicked,
-    /// Not made: the subscription left, or the message is being discarded.
+    /// Not made: the subscription left.
     Skipped,
     Dropped,
 }
@@ -114,6 +123,7 @@ where
             cursor: AtomicU64::new(0),
             pending: AtomicUsize::new(pending),
             active: AtomicBool::new(true),
+            refused: Refused::new(),
             after,
             id,
             handler,
@@ -135,7 +145,7 @@ where
     pub(crate) fn run_snapshot(&self, snapshot: &[Arc<Message<T>>]) -> Outcome {
         let mut tally = Outcome::default();
         for message in snapshot {
-            tally.add(self.call(message, false));
+            tally.add(self.call(message));
         }
         match self.log.get() {
             Some(log) => tally.merge(self.hand_back(log).unwrap_or_default()),
@@ -175,10 +185,10 @@ where
         settled: &mut Settled,
     ) {
         if self.cursor.load(Ordering::Relaxed) != position {
-            settled.settle(self.run(log, Some((message, position)), false, 1));
+            settled.settle(self.run(log, Some((message, position)), 1));
             return;
         }
-        let call = self.call_unless_pushed_out(log, position, message, false);
+        let call = self.call_unless_pushed_out(log, position, message);
         self.cursor.store(position + 1, Ordering::Release);
         let rest = self.hand_back(log);
         if rest.is_none() && call == Call::Delivered {
@@ -200,7 +210,7 @@ where
             .compare_exchange(1, 0, Ordering::AcqRel, Ordering::Acquire)
         {
             Ok(_) => None,
-            Err(now) => Some(self.run(log, None, false, now)),
+            Err(now) => Some(self.run(log, None, now)),
         }
     }
 
@@ -231,7 +241,7 @@ where
             let call = if position < kept {
                 self.dropped_or_skipped()
             } else {
-                self.call(message, false)
+                self.call(message)
             };
             // The common outcome counted without a branch through `add`.
             match call {
@@ -242,7 +252,7 @@ where
             self.cursor.store(cursor, Ordering::Release);
         }
         let rest = if gap {
-            Some(self.run(log, None, false, 1))
+            Some(self.run(log, None, 1))
         } else {
             self.hand_back(log)
         };
@@ -250,15 +260,14 @@ where
         tally
     }
 
-    /// The runner's loop (see the module docs): runs (or, if `discarding`,
-    /// counts dropped) everything up to the head, starting with `first` if
-    /// it is the next message, until no delivery is left counted in
-    /// (`seen`: the count in `pending` it last read).
+    /// The runner's loop (see the module docs): runs everything up to the
+    /// head, starting with `first` if it is the next message and passing
+    /// refused positions, until no delivery is left counted in (`seen`: the
+    /// count in `pending` it last read).
     fn run(
         &self,
         log: &OrderedLog<T>,
         mut first: Option<(&Message<T>, u64)>,
-        discarding: bool,
         mut seen: usize,
     ) -> Outcome {
         let mut tally = Outcome::default();
@@ -267,22 +276,29 @@ where
             let cursor = self.cursor.load(Ordering::Relaxed);
             match first.take() {
                 Some((message, position)) if position == cursor => {
-                    tally.add(self.call_unless_pushed_out(log, position, message, discarding));
+                    tally.add(self.call_unless_pushed_out(log, position, message));
                     self.cursor.store(position + 1, Ordering::Release);
                 }
                 _ => {
                     if cursor < log.head() {
                         log.read(cursor, &mut read);
+                        // Only a runner notes a refusal: none is noted while
+                        // this one runs.
+                        let refusals = self.refused.any();
                         // Pushed out of the ring before this runner got to
-                        // them (lost, unless the subscription left: skipped).
+                        // them (lost, unless the subscription left: skipped;
+                        // a refused one was counted when it was refused).
+                        let mut lost = read.start() - cursor;
+                        if refusals && lost > 0 {
+                            lost -= self.refused.passed(read.start()).min(lost);
+                        }
                         if self.active.load(Ordering::Acquire) {
-                            tally.dropped +=
-                                u32::try_from(read.start() - cursor).unwrap_or(u32::MAX);
+                            tally.dropped += u32::try_from(lost).unwrap_or(u32::MAX);
                         }
                         for (position, message) in read.messages() {
-                            tally.add(
-                                self.call_unless_pushed_out(log, position, message, discarding),
-                            );
+                            if !(refusals && self.refused.take(position)) {
+                                tally.add(self.call_unless_pushed_out(log, position, message));
+                            }
                             self.cursor.store(position + 1, Ordering::Release);
                         }
                         read.clear();
@@ -310,12 +326,11 @@ where
         log: &OrderedLog<T>,
         position: u64,
         message: &Message<T>,
-        discarding: bool,
     ) -> Call {
         if log.pushed_out(position) {
             return self.dropped_or_skipped();
         }
-        self.call(message, discarding)
+        self.call(message)
     }
 
     /// A message pushed out of the log: lost, unless the subscription left.
@@ -327,20 +342,22 @@ where
         }
     }
 
-    /// One message: the handler's call; skipped once removed; dropped if
-    /// discarding.
+    /// Whether `message` was in the snapshot the subscription started with
+    /// (a live copy of it is not run again).
     #[inline(always)]
-    fn call(&self, message: &Message<T>, discarding: bool) -> Call {
+    fn in_snapshot(&self, message: &Message<T>) -> bool {
+        self.after != 0 && message.seq() != 0 && message.seq() <= self.after
+    }
+
+    /// One message: the handler's call; skipped once removed.
+    #[inline(always)]
+    fn call(&self, message: &Message<T>) -> Call {
         if !self.active.load(Ordering::Acquire) {
             return Call::Skipped;
         }
-        if self.after != 0 && message.seq() != 0 && message.seq() <= self.after {
-            // In the snapshot already: delivered, as far as this publish
-            // is concerned.
+        if self.in_snapshot(message) {
+            // Delivered, as far as this publish is concerned.
             return Call::Delivered;
-        }
-        if discarding {
-            return Call::Dropped;
         }
         match catch_unwind(AssertUnwindSafe(|| (self.handler)(message))) {
             Ok(()) => Call::Delivered,
@@ -399,11 +416,34 @@ where
         true
     }
 
-    fn discard_at(&self, position: u64) -> Option<Outcome> {
-        Some(match self.log.get() {
-            Some(log) if self.arrive(position) => self.run(log, None, true, 1),
-            _ => Outcome::default(),
-        })
+    fn discard_at(&self, message: &Message<T>, position: u64) -> Option<Outcome> {
+        let mut tally = Outcome::default();
+        let Some(log) = self.log.get() else {
+            return Some(tally);
+        };
+        // Not the runner: the one at work runs it (or it has run).
+        if !self.arrive(position) {
+            return Some(tally);
+        }
+        // A runner may have run it and let go since `arrive` looked.
+        if self.cursor.load(Ordering::Relaxed) <= position {
+            tally.add(if !self.active.load(Ordering::Acquire) {
+                Call::Skipped
+            } else if self.in_snapshot(message) {
+                Call::Delivered
+            } else {
+                Call::Dropped
+            });
+            self.refused.note(position, log.oldest_kept());
+        }
+        if let Err(now) = self
+            .pending
+            .compare_exchange(1, 0, Ordering::AcqRel, Ordering::Acquire)
+        {
+            // Deliveries counted in meanwhile left their messages to it.
+            tally.merge(self.run(log, None, now));
+        }
+        Some(tally)
     }
 }
 

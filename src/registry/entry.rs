@@ -109,12 +109,13 @@ pub(crate) trait Sink<T>: Send + Sync {
         false
     }
 
-    /// A publish's job could not run this delivery (its queue was full under
-    /// `Overflow::Drop`, or its runtime shut down). `Some` if the sink
-    /// settled it itself (what it counted); `None`: the job counts it
-    /// dropped.
+    /// A publish's job could not run this delivery of `message` (its queue
+    /// was full under `Overflow::Drop` or `Overflow::Error`, or its runtime
+    /// shut down). `Some` if the sink settled it itself (what it counted,
+    /// which may include other deliveries' messages it ran); `None`: the job
+    /// counts it dropped.
     #[inline]
-    fn discard_at(&self, _position: u64) -> Option<Outcome> {
+    fn discard_at(&self, _message: &Message<T>, _position: u64) -> Option<Outcome> {
         None
     }
 }

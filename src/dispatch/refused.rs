@@ -1,0 +1,139 @@
+//! [`Refused`]: the log positions of a sync ordered subscription whose
+//! deliveries were refused (a full queue under `Overflow::Drop` or
+//! `Overflow::Error`, a runtime that dropped the job), ahead of its cursor.
+//!
+//! # Contract
+//! - **Only the subscription's runner touches it** (whoever holds the
+//!   sink's `pending` count from zero): a refused delivery that finds no
+//!   runner becomes it for as long as it takes to note its position here,
+//!   and every later runner takes over through `pending`'s
+//!   read-modify-writes, which order the note before its reads. So no
+//!   runner can be calling a message while its refusal is noted, and the
+//!   lock is never contended; it is there because the sink is shared.
+//! - **A noted position was counted dropped when it was noted.** The runner
+//!   that reaches it passes it without a call and without counting it
+//!   again, also when the log pushed it out first ([`Refused::passed`]).
+//! - **Bounded by the log:** positions older than the log keeps are
+//!   forgotten as a count on the next note (the runner will find them
+//!   pushed out and must not count them twice), so at most the log's
+//!   capacity of positions is held.
+
+use std::collections::VecDeque;
+
+use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering};
+
+/// The refused positions ahead of an ordered subscription's cursor.
+pub(crate) struct Refused {
+    /// Whether anything is noted: read by each runner's catch-up once, so a
+    /// subscription that never had a refusal pays one load for it.
+    any: AtomicBool,
+    noted: Mutex<Noted>,
+}
+
+#[derive(Default)]
+struct Noted {
+    /// In increasing order, each at or above the cursor when noted.
+    positions: VecDeque<u64>,
+    /// Noted positions the log pushed out before the cursor reached them,
+    /// forgotten but still to be passed.
+    pushed_out: u64,
+}
+
+impl Refused {
+    pub(crate) fn new() -> Self {
+        Self {
+            any: AtomicBool::new(false),
+            noted: Mutex::new(Noted::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Noted> {
+        self.noted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a runner has anything to look for.
+    #[inline]
+    pub(crate) fn any(&self) -> bool {
+        self.any.load(Ordering::Relaxed)
+    }
+
+    /// Notes `position` (refused, counted), forgetting noted positions
+    /// below `oldest_kept` as a count.
+    pub(crate) fn note(&self, position: u64, oldest_kept: u64) {
+        let mut noted = self.lock();
+        while noted.positions.front().is_some_and(|&p| p < oldest_kept) {
+            noted.positions.pop_front();
+            noted.pushed_out += 1;
+        }
+        // Two publishers' refusals may be noted out of order.
+        let at = noted.positions.partition_point(|&p| p < position);
+        if noted.positions.get(at) != Some(&position) {
+            noted.positions.insert(at, position);
+        }
+        self.any.store(true, Ordering::Relaxed);
+    }
+
+    /// The runner reached `position` in the log: true if it was refused
+    /// (pass it without a call; it is counted).
+    pub(crate) fn take(&self, position: u64) -> bool {
+        let mut noted = self.lock();
+        // None below it: the runner passes every position in order.
+        while noted.positions.front().is_some_and(|&p| p < position) {
+            noted.positions.pop_front();
+        }
+        let refused = noted.positions.front() == Some(&position);
+        if refused {
+            noted.positions.pop_front();
+        }
+        self.settle(&noted);
+        refused
+    }
+
+    /// The runner moved its cursor to `start` over positions the log had
+    /// pushed out: how many of them were refused, and so counted already.
+    pub(crate) fn passed(&self, start: u64) -> u64 {
+        let mut noted = self.lock();
+        let mut counted = std::mem::take(&mut noted.pushed_out);
+        while noted.positions.front().is_some_and(|&p| p < start) {
+            noted.positions.pop_front();
+            counted += 1;
+        }
+        self.settle(&noted);
+        counted
+    }
+
+    fn settle(&self, noted: &Noted) {
+        if noted.positions.is_empty() && noted.pushed_out == 0 {
+            self.any.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::Refused;
+
+    /// Positions noted out of order are passed in order; those the log
+    /// pushed out are forgotten as a count that the runner's next pass over
+    /// pushed-out positions takes.
+    #[test]
+    fn noted_positions_are_passed_in_order_and_bounded_by_the_log() {
+        let refused = Refused::new();
+        assert!(!refused.any());
+        refused.note(5, 0);
+        refused.note(3, 0);
+        refused.note(3, 0);
+        assert!(refused.any());
+        assert!(!refused.take(2));
+        assert!(refused.take(3));
+        // The log now keeps 8 and above: 5 is forgotten, as a count.
+        refused.note(9, 8);
+        assert_eq!(refused.passed(8), 1);
+        assert!(refused.any());
+        assert!(refused.take(9));
+        assert!(!refused.any());
+        refused.note(12, 0);
+        assert_eq!(refused.passed(20), 1);
+        assert!(!refused.any());
+    }
+}

@@ -1,0 +1,272 @@
+//! Sync ordered handlers under `Overflow::Drop` and `Overflow::Error`: a
+//! delivery that could not be queued drops its own message only. Earlier
+//! publishes whose work was queued (their `publish` returned `Ok` without
+//! dropping) still reach the handler, in order, and every delivery is
+//! delivered or counted once.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use blazesub::{Bus, DeliveryMode, Error, Overflow, Subscription};
+use common::{runtime, wait_until, Gate};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// What a recording handler saw, in call order.
+type Seen = Arc<Mutex<Vec<u32>>>;
+
+/// A plain handler on `topic` that says when it started and then waits at
+/// `gate`: it holds the only worker, or a lane's task.
+fn blocker(bus: &Bus<u32>, topic: &str, gate: &Arc<Gate>) -> (Subscription, Arc<AtomicU64>) {
+    let started = Arc::new(AtomicU64::new(0));
+    let sub = {
+        let (gate, started) = (Arc::clone(gate), Arc::clone(&started));
+        bus.subscribe(topic, move |_| {
+            started.fetch_add(1, Ordering::SeqCst);
+            gate.wait();
+        })
+        .unwrap()
+    };
+    (sub, started)
+}
+
+/// An ordered and a plain handler on `t`, each recording what it got.
+fn ordered_and_plain(bus: &Bus<u32>) -> (Seen, Seen, [Subscription; 2]) {
+    let ordered: Seen = Arc::default();
+    let plain: Seen = Arc::default();
+    let subs = [
+        {
+            let seen = Arc::clone(&ordered);
+            bus.subscribe_ordered("t", move |m| seen.lock().unwrap().push(*m.data()))
+                .unwrap()
+        },
+        {
+            let seen = Arc::clone(&plain);
+            bus.subscribe("t", move |m| seen.lock().unwrap().push(*m.data()))
+                .unwrap()
+        },
+    ];
+    (ordered, plain, subs)
+}
+
+/// One pool worker with a queue of one job, held by a blocked handler:
+/// publish 0 is queued, publish 1 is refused. Before, the refusal ran the
+/// ordered subscription's log from its cursor in discard mode and dropped
+/// the queued 0 with it.
+fn a_refusal_leaves_the_queued_message(policy: Overflow) {
+    let rt = runtime(2);
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::WorkerPool)
+        .workers(1)
+        .queue_capacity(1)
+        .overflow(policy)
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap();
+    let gate = Arc::new(Gate::new());
+    let (_block, started) = blocker(&bus, "block", &gate);
+    let (ordered, plain, _subs) = ordered_and_plain(&bus);
+    bus.publish("block", 0).unwrap();
+    assert!(wait_until(LIMIT, || started.load(Ordering::SeqCst) == 1));
+    bus.publish("t", 0).unwrap();
+    let dropped_before = bus.stats().dropped;
+    let refused = bus.publish("t", 1);
+    match policy {
+        Overflow::Error => assert!(
+            matches!(refused, Err(Error::Overloaded { .. })),
+            "{refused:?}"
+        ),
+        _ => assert!(refused.is_ok(), "{refused:?}"),
+    }
+    assert_eq!(
+        bus.stats().dropped - dropped_before,
+        2,
+        "publish 1's two deliveries are dropped, no more"
+    );
+    gate.open();
+    assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+    // The next publish runs past the refused position.
+    bus.publish("t", 2).unwrap();
+    assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+    assert_eq!(*plain.lock().unwrap(), [0, 2]);
+    assert_eq!(*ordered.lock().unwrap(), [0, 2], "{:?}", bus.stats());
+    assert_eq!(bus.stats().dropped - dropped_before, 2, "{:?}", bus.stats());
+}
+
+#[test]
+fn under_drop_a_refusal_leaves_an_earlier_queued_ordered_message() {
+    a_refusal_leaves_the_queued_message(Overflow::Drop);
+}
+
+#[test]
+fn under_error_a_refusal_leaves_an_earlier_queued_ordered_message() {
+    a_refusal_leaves_the_queued_message(Overflow::Error);
+}
+
+/// The same in `TaskPerSubscriber`: the lane's task is blocked in a
+/// handler with publish 0 queued behind it, both task slots are taken, and
+/// publish 1 finds the lane full.
+#[test]
+fn a_refusal_in_a_full_lane_leaves_an_earlier_queued_ordered_message() {
+    let rt = runtime(2);
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::TaskPerSubscriber)
+        .workers(1)
+        .max_inflight_tasks(2)
+        .overflow(Overflow::Drop)
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap();
+    // An async delivery pending until released holds the second slot.
+    let hold = Arc::new(tokio::sync::Semaphore::new(0));
+    let holding = Arc::new(AtomicU64::new(0));
+    let _hold = {
+        let (hold, holding) = (Arc::clone(&hold), Arc::clone(&holding));
+        bus.subscribe_async("hold", move |_| {
+            let (hold, holding) = (Arc::clone(&hold), Arc::clone(&holding));
+            async move {
+                holding.fetch_add(1, Ordering::SeqCst);
+                let _ = hold.acquire().await.unwrap();
+            }
+        })
+        .unwrap()
+    };
+    let gate = Arc::new(Gate::new());
+    let (_block, started) = blocker(&bus, "block", &gate);
+    let (ordered, plain, _subs) = ordered_and_plain(&bus);
+    bus.publish("hold", 0).unwrap();
+    assert!(wait_until(LIMIT, || holding.load(Ordering::SeqCst) == 1));
+    bus.publish("block", 0).unwrap();
+    assert!(wait_until(LIMIT, || started.load(Ordering::SeqCst) == 1));
+    bus.publish("t", 0).unwrap(); // queued: the lane holds two publishes
+    let dropped_before = bus.stats().dropped;
+    bus.publish("t", 1).unwrap(); // the lane is full: dropped, counted
+    gate.open();
+    hold.add_permits(10);
+    assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+    assert_eq!(*plain.lock().unwrap(), [0]);
+    assert_eq!(*ordered.lock().unwrap(), [0], "{:?}", bus.stats());
+    assert_eq!(bus.stats().dropped - dropped_before, 2, "{:?}", bus.stats());
+}
+
+/// Many publishes into a queue that is full most of the time, from two
+/// publishers, with an ordered log that keeps them all: the ordered handler gets every publish the plain handler
+/// beside it got (their deliveries are queued or refused together, and a
+/// refused ordered delivery that finds its runner at work still runs), in
+/// each publisher's order; every delivery is delivered or counted dropped,
+/// exactly once; and under `Error` a publish fails exactly when it dropped.
+fn a_full_queue_loses_only_refused_ordered_messages(mode: DeliveryMode, policy: Overflow) {
+    const PER_PUBLISHER: u32 = 20_000;
+    let rt = runtime(2);
+    let bus = Bus::<u32>::builder()
+        .delivery(mode)
+        .workers(1)
+        .queue_capacity(4)
+        .max_inflight_tasks(2)
+        // The ordered log keeps every publish: what it pushes out is lost by
+        // its own bound (the handler fell that far behind), not by a refusal.
+        .stream_capacity(1 << 16)
+        .overflow(policy)
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap();
+    let (ordered, plain, _subs) = ordered_and_plain(&bus);
+    // A handler that is slow now and then keeps the queue full.
+    let _slow = bus
+        .subscribe("t", |m| {
+            if m.data() % 64 == 0 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        })
+        .unwrap();
+    let failed = Arc::new(AtomicU64::new(0));
+    let publishers: Vec<_> = (0..2u32)
+        .map(|p| {
+            let (bus, failed) = (bus.clone(), Arc::clone(&failed));
+            std::thread::spawn(move || {
+                for i in 0..PER_PUBLISHER {
+                    match bus.publish("t", p * PER_PUBLISHER + i) {
+                        Ok(_) => {}
+                        Err(Error::Overloaded { .. }) => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for publisher in publishers {
+        publisher.join().unwrap();
+    }
+    assert!(
+        wait_until(LIMIT, || bus.inflight_messages() == 0),
+        "{:?}",
+        bus.stats()
+    );
+    let ordered = ordered.lock().unwrap().clone();
+    let plain = plain.lock().unwrap().clone();
+    let stats = bus.stats();
+    let label = format!("{mode:?} {policy:?}: {stats:?}");
+    for p in 0..2 {
+        let own: Vec<_> = ordered
+            .iter()
+            .filter(|&&v| v / PER_PUBLISHER == p)
+            .collect();
+        assert!(
+            own.windows(2).all(|w| w[0] < w[1]),
+            "{label}: publisher {p}'s order broken"
+        );
+    }
+    let got: std::collections::HashSet<_> = ordered.iter().copied().collect();
+    let missing: Vec<_> = plain.iter().filter(|v| !got.contains(v)).collect();
+    assert!(
+        missing.is_empty(),
+        "{label}: {} publishes reached the plain handler and not the ordered one, \
+         first {:?}",
+        missing.len(),
+        &missing[..missing.len().min(8)]
+    );
+    let total = u64::from(2 * PER_PUBLISHER);
+    // Three subscriptions; the slow one's deliveries are queued and
+    // refused with the plain one's.
+    let refused_jobs = total - plain.len() as u64;
+    let ordered_lost = total - ordered.len() as u64;
+    assert_eq!(
+        stats.dropped,
+        2 * refused_jobs + ordered_lost,
+        "{label}: every refused delivery counted once"
+    );
+    assert_eq!(stats.delivered, 3 * total - stats.dropped, "{label}");
+    if policy == Overflow::Error {
+        assert!(
+            failed.load(Ordering::Relaxed) <= refused_jobs
+                && failed.load(Ordering::Relaxed) > 0
+                && refused_jobs > 0,
+            "{label}: {} publishes failed, {refused_jobs} refused",
+            failed.load(Ordering::Relaxed)
+        );
+    }
+    assert!(refused_jobs > 0, "{label}: the queue never overflowed");
+}
+
+#[test]
+fn a_full_pool_queue_loses_only_refused_ordered_messages() {
+    a_full_queue_loses_only_refused_ordered_messages(DeliveryMode::WorkerPool, Overflow::Drop);
+    a_full_queue_loses_only_refused_ordered_messages(DeliveryMode::WorkerPool, Overflow::Error);
+}
+
+#[test]
+fn a_full_lane_loses_only_refused_ordered_messages() {
+    a_full_queue_loses_only_refused_ordered_messages(
+        DeliveryMode::TaskPerSubscriber,
+        Overflow::Drop,
+    );
+    a_full_queue_loses_only_refused_ordered_messages(
+        DeliveryMode::TaskPerSubscriber,
+        Overflow::Error,
+    );
+}
