@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use crate::config::{Config, Overflow};
 use crate::dispatch::{
-    inline_depth, push_to_streams, Dispatcher, Env, Fanout, Ordered, Policy, TaskGauge,
-    MAX_INLINE_DEPTH,
+    inline_depth, next_inline_depth, push_to_streams, Dispatcher, Env, Fanout, Ordered, Policy,
+    TaskGauge, MAX_INLINE_DEPTH,
 };
 use crate::error::{Error, Rejected};
 use crate::handler::Handler;
@@ -666,8 +666,20 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 Err(full) => return Err(Rejected::with_value(full, data)),
             },
         };
-        let message = Arc::new(Message::stamped(Arc::clone(&route.topic), data, metadata));
+        let message = Arc::new(self.stamp(Arc::clone(&route.topic), data, metadata));
         self.fan_out(admitted, topic, route, message, Some(reservations))
+    }
+
+    /// A message this bus publishes now, from this thread: in `Inline`
+    /// mode it records the depth its handlers run at (see
+    /// [`Message::inline_depth`]).
+    pub(crate) fn stamp(&self, topic: Arc<str>, data: T, metadata: Option<Metadata>) -> Message<T> {
+        let message = Message::stamped(topic, data, metadata);
+        if self.inner.policy.is_inline() {
+            message.at_inline_depth(next_inline_depth())
+        } else {
+            message
+        }
     }
 
     /// In `Inline` mode, refuses a publish nested [`MAX_INLINE_DEPTH`] deep

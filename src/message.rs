@@ -35,6 +35,12 @@ pub struct Message<T> {
     reply_to: Option<Arc<str>>,
     /// Came in through a bridge: its export taps skip it (no loops).
     imported: bool,
+    /// The `Inline` depth its publish runs its handlers at (0: not an
+    /// `Inline` publish). An ordered handler's runner that runs it later
+    /// (it was published from inside one of that runner's own calls) runs
+    /// it at least this deep, so a handler that publishes to itself meets
+    /// the depth limit as a plain one does.
+    inline_depth: u8,
 }
 
 /// The value a message carries: its own, or (for a retained message handed
@@ -68,7 +74,20 @@ impl<T> Message<T> {
             retained: false,
             reply_to: None,
             imported: false,
+            inline_depth: 0,
         }
+    }
+
+    /// Records the `Inline` depth its handlers run at.
+    pub(crate) fn at_inline_depth(mut self, depth: usize) -> Self {
+        self.inline_depth = u8::try_from(depth).unwrap_or(u8::MAX);
+        self
+    }
+
+    /// The `Inline` depth its publish runs its handlers at (0: none).
+    #[inline]
+    pub(crate) fn inline_depth(&self) -> usize {
+        usize::from(self.inline_depth)
     }
 
     /// Marks a message as having come in through a bridge.
@@ -115,6 +134,7 @@ impl<T> Message<T> {
             retained: true,
             reply_to: None,
             imported: false,
+            inline_depth: 0,
         }
     }
 

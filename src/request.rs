@@ -411,8 +411,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
         } else {
             inner.routes.route(&inner.trie, topic)
         };
-        let message =
-            Message::stamped(Arc::clone(&route.topic), data, None).with_reply_to(reply_to);
+        let message = self
+            .stamp(Arc::clone(&route.topic), data, None)
+            .with_reply_to(reply_to);
         let matched = self
             .fan_out(admitted, topic, route, Arc::new(message), None)
             .map_err(|rejected| rejected.error)?;

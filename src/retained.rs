@@ -617,7 +617,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
             |seq| {
                 let name = Arc::clone(&cached.topic);
                 let data = data.take().expect("made once");
-                Arc::new(Message::stamped(name, data, metadata).with_seq(seq))
+                Arc::new(self.stamp(name, data, metadata).with_seq(seq))
             },
             &mut garbage,
             counters,

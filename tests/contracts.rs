@@ -954,6 +954,43 @@ fn inline_recursion_is_bounded_and_counted() {
     drop(sub); // releases the handler's bus clone
 }
 
+/// The same for a sync ordered handler: its publish to itself finds its
+/// own runner at work and leaves the message to it, so the calls do not
+/// nest, but the runner runs the message as deep as its publish did, and
+/// the depth limit stops the chain. (Before, the outer `publish` never
+/// returned: the runner ran each new message at its own depth.)
+#[test]
+fn inline_recursion_is_bounded_for_an_ordered_handler() {
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::Inline)
+        .build()
+        .unwrap();
+    let deepest = Arc::new(AtomicU64::new(0));
+    let refusals = Arc::new(AtomicU64::new(0));
+    let inner = bus.clone();
+    let (deep, refused) = (Arc::clone(&deepest), Arc::clone(&refusals));
+    let sub = bus
+        .subscribe_ordered("echo", move |m| {
+            deep.fetch_max(u64::from(*m.data()), Ordering::SeqCst);
+            if let Err(error) = inner.publish("echo", m.data() + 1) {
+                assert!(matches!(error, Error::RecursionLimit { .. }), "{error}");
+                refused.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .unwrap();
+    let publisher = bus.clone();
+    common::within(
+        Duration::from_secs(20),
+        "a self-publishing ordered handler",
+        move || publisher.publish("echo", 1).unwrap(),
+    );
+    assert_eq!(refusals.load(Ordering::SeqCst), 1);
+    assert_eq!(bus.stats().recursion_refused, 1);
+    assert_eq!(deepest.load(Ordering::SeqCst), 64);
+    assert_eq!(bus.inflight_messages(), 0);
+    drop(sub);
+}
+
 /// The depth limit holds for every way a handler publishes, not only
 /// `publish`: a retained publish and a request that reach their own
 /// handler again are refused at the same depth. (They used to recurse

@@ -46,6 +46,32 @@ impl Drop for Deeper {
     }
 }
 
+/// Runs the calls it guards at least a given depth deep: an ordered
+/// handler's runner running a message published from inside one of its
+/// own calls (which left the message to it) runs it as deep as that
+/// publish would have, instead of back at its own depth.
+pub(crate) struct AtLeast {
+    previous: usize,
+}
+
+impl AtLeast {
+    pub(crate) fn enter(depth: usize) -> Self {
+        let previous = DEPTH.with(|current| current.replace(current.get().max(depth)));
+        Self { previous }
+    }
+}
+
+impl Drop for AtLeast {
+    fn drop(&mut self) {
+        DEPTH.with(|depth| depth.set(self.previous));
+    }
+}
+
+/// The depth a publish made on this thread now runs its handlers at.
+pub(crate) fn next_depth() -> usize {
+    depth() + 1
+}
+
 /// Runs every delivery; returns how many were dropped (async deliveries
 /// cancelled at the task cap under `Overflow::Drop` or `Overflow::Error`).
 pub(super) fn run<T: Send + Sync + 'static>(job: &Fanout<T>, env: &Arc<Env>) -> usize {

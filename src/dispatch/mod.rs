@@ -93,7 +93,10 @@ use crate::stats::{Counters, Tally};
 
 pub(crate) use direct::deliver_now;
 pub(crate) use fanout::{Fanout, Runner};
-pub(crate) use inline::{depth as inline_depth, MAX_INLINE_DEPTH};
+pub(crate) use inline::{
+    depth as inline_depth, next_depth as next_inline_depth, AtLeast as InlineAtLeast,
+    MAX_INLINE_DEPTH,
+};
 #[cfg(all(test, loom))]
 pub(crate) use lane::{Lane, Next, Pushed, Server};
 #[cfg(all(test, loom))]

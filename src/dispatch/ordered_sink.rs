@@ -40,7 +40,10 @@
 //!   runs a handler unless a delivery counted in while it held the runner
 //!   role, whose message it then runs as any runner would.
 //! - A handler that publishes to itself (any mode) finds `pending` held by
-//!   its own runner and leaves the message to it: no recursion.
+//!   its own runner and leaves the message to it: no recursion. In
+//!   `Inline` mode the runner runs such a message as deep as its publish
+//!   would have run it (`Message::inline_depth`), so the depth limit stops
+//!   a handler that always publishes to itself, as it stops a plain one.
 //! - **A retained snapshot** (see `retained.rs`): the sink starts with
 //!   `pending` held by its subscriber, who runs the snapshot's messages and
 //!   then hands back like any runner, catching up on what arrived meanwhile.
@@ -51,7 +54,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
 
 use super::refused::Refused;
-use super::report_panic;
+use super::{report_panic, InlineAtLeast};
 use crate::message::Message;
 use crate::registry::entry::{BoxFuture, Outcome, Settled, Sink, Tracked, NO_POSITION};
 use crate::registry::ordered_log::{OrderedLog, Read};
@@ -296,7 +299,14 @@ where
                             tally.dropped += u32::try_from(lost).unwrap_or(u32::MAX);
                         }
                         for (position, message) in read.messages() {
-                            if !(refusals && self.refused.take(position)) {
+                            if refusals && self.refused.take(position) {
+                                // Counted when it was refused.
+                            } else if message.inline_depth() > 0 {
+                                // Maybe published from inside this runner's
+                                // own call: as deep as that publish runs.
+                                let _deeper = InlineAtLeast::enter(message.inline_depth());
+                                tally.add(self.call_unless_pushed_out(log, position, message));
+                            } else {
                                 tally.add(self.call_unless_pushed_out(log, position, message));
                             }
                             self.cursor.store(position + 1, Ordering::Release);
