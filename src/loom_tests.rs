@@ -835,7 +835,9 @@ fn loom_ordered_sink_runs_each_message_once_in_order() {
 /// the refused one runs (its refusal found a runner at work) or is counted
 /// dropped, never both; and the outcomes add up to the calls made. The
 /// refusal must not take the first message with it, nor count the middle
-/// one dropped after a runner ran it and let go.
+/// one dropped after a runner ran it and let go, nor call the handler
+/// itself (a delivery that counts in while it notes its position waits for
+/// the note and runs as the next runner).
 #[test]
 fn loom_an_ordered_refusal_drops_only_its_own_message() {
     use crate::registry::entry::{Outcome, Settled, Sink};
@@ -865,6 +867,11 @@ fn loom_an_ordered_refusal_drops_only_its_own_message() {
         let first = deliver(&sink, &messages[0], 0);
         let last = deliver(&sink, &messages[2], 2);
         let refused: Outcome = sink.discard_at(&messages[1], 1).expect("settled");
+        assert_eq!(
+            (refused.delivered, refused.panics),
+            (0, 0),
+            "the refusal made a call"
+        );
         let (first, last) = (first.join().unwrap(), last.join().unwrap());
         let delivered = first.0 + last.0 + u64::from(refused.delivered);
         let dropped = first.1 + last.1 + u64::from(refused.dropped);

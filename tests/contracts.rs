@@ -923,35 +923,7 @@ fn close_from_a_handler_waits_for_everything_else_only() {
 /// at the depth limit with an error, counted, never a stack overflow.
 #[test]
 fn inline_recursion_is_bounded_and_counted() {
-    let bus = Bus::<u32>::builder()
-        .delivery(DeliveryMode::Inline)
-        .build()
-        .unwrap();
-    let deepest = Arc::new(AtomicU64::new(0));
-    let refusals = Arc::new(AtomicU64::new(0));
-    let inner = bus.clone();
-    let (deep, refused) = (Arc::clone(&deepest), Arc::clone(&refusals));
-    let sub = bus
-        .subscribe("echo", move |m| {
-            deep.fetch_max(u64::from(*m.data()), Ordering::SeqCst);
-            if let Err(error) = inner.publish("echo", m.data() + 1) {
-                assert!(matches!(error, Error::RecursionLimit { .. }), "{error}");
-                refused.fetch_add(1, Ordering::SeqCst);
-            }
-        })
-        .unwrap();
-    // A thread with a small stack: an unbounded recursion would overflow it.
-    let publisher = bus.clone();
-    std::thread::Builder::new()
-        .stack_size(8 << 20)
-        .spawn(move || publisher.publish("echo", 1).unwrap())
-        .unwrap()
-        .join()
-        .unwrap();
-    assert_eq!(refusals.load(Ordering::SeqCst), 1);
-    assert_eq!(bus.stats().recursion_refused, 1);
-    assert_eq!(deepest.load(Ordering::SeqCst), 64);
-    drop(sub); // releases the handler's bus clone
+    self_publishing_handler_stops_at_the_depth_limit(false);
 }
 
 /// The same for a sync ordered handler: its publish to itself finds its
@@ -961,6 +933,10 @@ fn inline_recursion_is_bounded_and_counted() {
 /// returned: the runner ran each new message at its own depth.)
 #[test]
 fn inline_recursion_is_bounded_for_an_ordered_handler() {
+    self_publishing_handler_stops_at_the_depth_limit(true);
+}
+
+fn self_publishing_handler_stops_at_the_depth_limit(ordered: bool) {
     let bus = Bus::<u32>::builder()
         .delivery(DeliveryMode::Inline)
         .build()
@@ -969,26 +945,35 @@ fn inline_recursion_is_bounded_for_an_ordered_handler() {
     let refusals = Arc::new(AtomicU64::new(0));
     let inner = bus.clone();
     let (deep, refused) = (Arc::clone(&deepest), Arc::clone(&refusals));
-    let sub = bus
-        .subscribe_ordered("echo", move |m| {
-            deep.fetch_max(u64::from(*m.data()), Ordering::SeqCst);
-            if let Err(error) = inner.publish("echo", m.data() + 1) {
-                assert!(matches!(error, Error::RecursionLimit { .. }), "{error}");
-                refused.fetch_add(1, Ordering::SeqCst);
-            }
-        })
-        .unwrap();
+    let handler = move |m: &blazesub::Message<u32>| {
+        deep.fetch_max(u64::from(*m.data()), Ordering::SeqCst);
+        if let Err(error) = inner.publish("echo", m.data() + 1) {
+            assert!(matches!(error, Error::RecursionLimit { .. }), "{error}");
+            refused.fetch_add(1, Ordering::SeqCst);
+        }
+    };
+    let sub = if ordered {
+        bus.subscribe_ordered("echo", handler)
+    } else {
+        bus.subscribe("echo", handler)
+    }
+    .unwrap();
+    // A thread with a small stack: an unbounded recursion would overflow
+    // it; a chain that never ends fails the time limit.
     let publisher = bus.clone();
-    common::within(
-        Duration::from_secs(20),
-        "a self-publishing ordered handler",
-        move || publisher.publish("echo", 1).unwrap(),
-    );
+    common::within(LIMIT, "a self-publishing handler", move || {
+        std::thread::Builder::new()
+            .stack_size(8 << 20)
+            .spawn(move || publisher.publish("echo", 1).unwrap())
+            .unwrap()
+            .join()
+            .unwrap()
+    });
     assert_eq!(refusals.load(Ordering::SeqCst), 1);
     assert_eq!(bus.stats().recursion_refused, 1);
     assert_eq!(deepest.load(Ordering::SeqCst), 64);
     assert_eq!(bus.inflight_messages(), 0);
-    drop(sub);
+    drop(sub); // releases the handler's bus clone
 }
 
 /// The depth limit holds for every way a handler publishes, not only

@@ -31,14 +31,16 @@
 //!   `unsubscribe_and_wait` wait for it.
 //! - **A delivery that will not run** (its job refused it: a full queue
 //!   under `Overflow::Drop` or `Overflow::Error`, a runtime shutting down)
-//!   drops its own message only. If a runner is at work, the delivery
-//!   leaves its message to it as any delivery does, and it runs. Else the
-//!   delivery becomes the runner just long enough to count its message
-//!   dropped and note its position ([`Refused`]); a later runner passes a
-//!   noted position without a call. Earlier messages whose jobs are still
-//!   queued run when those jobs come, in order; a refused delivery never
-//!   runs a handler unless a delivery counted in while it held the runner
-//!   role, whose message it then runs as any runner would.
+//!   drops its own message only, and never calls the handler. If a runner
+//!   is at work, the delivery leaves its message to it as any delivery
+//!   does, and it runs. Else the delivery marks `pending` as [`NOTING`]
+//!   while it counts its message dropped and notes its position
+//!   ([`Refused`]), then clears the mark; a later runner passes a noted
+//!   position without a call. A delivery that counts in while the mark is
+//!   set and finds no count before its own is the next runner: it waits
+//!   the moment until the mark is cleared, so it reads the note. Earlier
+//!   messages whose jobs are still queued run when those jobs come, in
+//!   order.
 //! - A handler that publishes to itself (any mode) finds `pending` held by
 //!   its own runner and leaves the message to it: no recursion. In
 //!   `Inline` mode the runner runs such a message as deep as its publish
@@ -59,7 +61,12 @@ use crate::message::Message;
 use crate::registry::entry::{BoxFuture, Outcome, Settled, Sink, Tracked, NO_POSITION};
 use crate::registry::ordered_log::{OrderedLog, Read};
 use crate::registry::quiesce::Running;
-use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{wait_a_moment, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// Set in `pending` while a refused delivery notes its position: no runner
+/// is at work then, and the first delivery to count in meanwhile is the
+/// next one once the mark is cleared.
+const NOTING: usize = 1 << (usize::BITS - 1);
 
 /// A sync ordered subscription's sink. The handler is kept inline (not
 /// boxed): a delivery is then one pointer chase from the entry to the
@@ -172,7 +179,26 @@ where
     fn arrive(&self, position: u64) -> bool {
         position != NO_POSITION
             && self.cursor.load(Ordering::Acquire) <= position
-            && self.pending.fetch_add(1, Ordering::AcqRel) == 0
+            && self.count_in()
+    }
+
+    /// Counts in a delivery; true if the caller is now the runner: the
+    /// first to count in, or the first behind a refusal noting its position
+    /// (once the note is made).
+    #[inline]
+    fn count_in(&self) -> bool {
+        match self.pending.fetch_add(1, Ordering::AcqRel) {
+            0 => true,
+            NOTING => {
+                let mut turn = 0;
+                while self.pending.load(Ordering::Acquire) & NOTING != 0 {
+                    wait_a_moment(turn);
+                    turn = turn.saturating_add(1);
+                }
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The delivery of `position` became the runner: the common case first
@@ -417,7 +443,7 @@ where
             if batch
                 .iter()
                 .any(|&(_, position)| position != NO_POSITION && position >= cursor)
-                && self.pending.fetch_add(1, Ordering::AcqRel) == 0
+                && self.count_in()
             {
                 outcome = self.run_batch(log, batch);
             }
@@ -431,12 +457,38 @@ where
         let Some(log) = self.log.get() else {
             return Some(tally);
         };
-        // Not the runner: the one at work runs it (or it has run).
-        if !self.arrive(position) {
-            return Some(tally);
+        let mut turn = 0;
+        loop {
+            // Run already (or nothing to run).
+            if position == NO_POSITION || self.cursor.load(Ordering::Acquire) > position {
+                return Some(tally);
+            }
+            let now = self.pending.load(Ordering::Acquire);
+            if now & NOTING != 0 {
+                // Another refusal is noting: a moment, then look again.
+                wait_a_moment(turn);
+                turn = turn.saturating_add(1);
+            } else if now != 0 {
+                // A runner at work reads to the head before it lets go:
+                // counted in, the message is left to it, and runs.
+                if self
+                    .pending
+                    .compare_exchange(now, now + 1, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    return Some(tally);
+                }
+            } else if self
+                .pending
+                .compare_exchange(0, NOTING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                break;
+            }
         }
-        // A runner may have run it and let go since `arrive` looked.
-        if self.cursor.load(Ordering::Relaxed) <= position {
+        // No runner: none can start until the mark is cleared. A runner may
+        // have run the message and let go since the cursor was read.
+        if self.cursor.load(Ordering::Acquire) <= position {
             tally.add(if !self.active.load(Ordering::Acquire) {
                 Call::Skipped
             } else if self.in_snapshot(message) {
@@ -446,13 +498,7 @@ where
             });
             self.refused.note(position, log.oldest_kept());
         }
-        if let Err(now) = self
-            .pending
-            .compare_exchange(1, 0, Ordering::AcqRel, Ordering::Acquire)
-        {
-            // Deliveries counted in meanwhile left their messages to it.
-            tally.merge(self.run(log, None, now));
-        }
+        self.pending.fetch_sub(NOTING, Ordering::AcqRel);
         Some(tally)
     }
 }

@@ -3,13 +3,14 @@
 //! `Overflow::Error`, a runtime that dropped the job), ahead of its cursor.
 //!
 //! # Contract
-//! - **Only the subscription's runner touches it** (whoever holds the
-//!   sink's `pending` count from zero): a refused delivery that finds no
-//!   runner becomes it for as long as it takes to note its position here,
-//!   and every later runner takes over through `pending`'s
-//!   read-modify-writes, which order the note before its reads. So no
-//!   runner can be calling a message while its refusal is noted, and the
-//!   lock is never contended; it is there because the sink is shared.
+//! - **Noted only while no runner is at work:** a refused delivery that
+//!   finds none marks the sink's `pending` count as noting (no runner can
+//!   start meanwhile), notes its position here and clears the mark; every
+//!   later runner starts through `pending`'s read-modify-writes (the first
+//!   one behind the mark waits for it to clear), which order the note
+//!   before its reads. So no runner can be calling a message while its
+//!   refusal is noted, and only one thread at a time is here; the lock is
+//!   there because the sink is shared.
 //! - **A noted position was counted dropped when it was noted.** The runner
 //!   that reaches it passes it without a call and without counting it
 //!   again, also when the log pushed it out first ([`Refused::passed`]).
