@@ -835,9 +835,8 @@ fn loom_ordered_sink_runs_each_message_once_in_order() {
 /// the refused one runs (its refusal found a runner at work) or is counted
 /// dropped, never both; and the outcomes add up to the calls made. The
 /// refusal must not take the first message with it, nor count the middle
-/// one dropped after a runner ran it and let go, nor call the handler
-/// itself (a delivery that counts in while it notes its position waits for
-/// the note and runs as the next runner).
+/// one dropped once a runner has read it from the log (that runner runs
+/// it), nor call the handler itself.
 #[test]
 fn loom_an_ordered_refusal_drops_only_its_own_message() {
     use crate::registry::entry::{Outcome, Settled, Sink};

@@ -54,25 +54,6 @@ impl<T> UnsafeCell<T> {
 #[cfg(loom)]
 pub(crate) use loom::cell::UnsafeCell;
 
-/// One turn of a short wait for another thread to finish a step that runs
-/// no user code and takes no lock anyone else waits on: a spin at first,
-/// then a yield (a two-core machine may have descheduled that thread).
-/// Under loom, always a yield, so the model lets the other thread run.
-#[inline]
-pub(crate) fn wait_a_moment(turn: u32) {
-    #[cfg(not(loom))]
-    if turn < 64 {
-        std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
-    #[cfg(loom)]
-    {
-        let _ = turn;
-        loom::thread::yield_now();
-    }
-}
-
 /// The clock the core reads (claim grains, close timeouts). Under loom it
 /// stands still, so that decisions taken on elapsed time are the same in
 /// every execution loom explores (loom requires a deterministic model).

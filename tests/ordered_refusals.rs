@@ -376,3 +376,90 @@ fn overloaded_reports_only_the_publishs_own_refused_deliveries() {
     );
     assert!(!over.load(Ordering::SeqCst), "{:?}", bus.stats());
 }
+
+/// One worker, a queue of two; four publishers flood `t` (a handler of
+/// about 200 µs a call) while `x` is published to every 200 µs: `x` must
+/// run during the flood, as it does beside a plain handler on `t`. Found by
+/// the session's second review: refusals that counted in behind the
+/// ordered subscription's runner kept it running (it went round again for
+/// each), so the only worker never let go, and nothing else ran for the
+/// whole flood (the code before the session did the same).
+fn a_flood_of_refusals_leaves_the_worker_to_other_topics(policy: Overflow, ordered: bool) {
+    let rt = runtime(2);
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::WorkerPool)
+        .workers(1)
+        .queue_capacity(2)
+        .stream_capacity(64)
+        .overflow(policy)
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let handler = {
+        let calls = Arc::clone(&calls);
+        move |_: &blazesub::Message<u32>| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            let start = std::time::Instant::now();
+            while start.elapsed() < Duration::from_micros(200) {
+                std::hint::spin_loop();
+            }
+        }
+    };
+    let _t = if ordered {
+        bus.subscribe_ordered("t", handler)
+    } else {
+        bus.subscribe("t", handler)
+    }
+    .unwrap();
+    let x_ran = Arc::new(AtomicBool::new(false));
+    let _x = {
+        let x_ran = Arc::clone(&x_ran);
+        bus.subscribe("x", move |_| x_ran.store(true, Ordering::SeqCst))
+            .unwrap()
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let publishers: Vec<_> = (0..4u32)
+        .map(|p| {
+            let (bus, stop) = (bus.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = bus.publish("t", p * 10_000_000 + i);
+                    i += 1;
+                    std::thread::sleep(Duration::from_micros(20));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let flood_end = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < flood_end && !x_ran.load(Ordering::SeqCst) {
+        match bus.publish("x", 0) {
+            Ok(_) | Err(Error::Overloaded { .. }) => {}
+            Err(e) => panic!("{e:?}"),
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let ran = x_ran.load(Ordering::SeqCst);
+    let during = calls.load(Ordering::Relaxed);
+    stop.store(true, Ordering::SeqCst);
+    for publisher in publishers {
+        publisher.join().unwrap();
+    }
+    assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+    assert!(
+        ran,
+        "{policy:?}, ordered {ordered}: nothing published to `x` ran during 3 s of flood \
+         (`t`'s handler made {during} calls): {:?}",
+        bus.stats()
+    );
+}
+
+#[test]
+fn a_flood_of_refusals_into_an_ordered_handler_leaves_the_worker_to_other_topics() {
+    a_flood_of_refusals_leaves_the_worker_to_other_topics(Overflow::Drop, true);
+    a_flood_of_refusals_leaves_the_worker_to_other_topics(Overflow::Error, true);
+    // The control: a plain handler on `t`.
+    a_flood_of_refusals_leaves_the_worker_to_other_topics(Overflow::Drop, false);
+}

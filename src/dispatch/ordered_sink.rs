@@ -31,14 +31,14 @@
 //!   `unsubscribe_and_wait` wait for it.
 //! - **A delivery that will not run** (its job refused it: a full queue
 //!   under `Overflow::Drop` or `Overflow::Error`, a runtime shutting down)
-//!   drops its own message only, and never calls the handler. If a runner
-//!   is at work, the delivery leaves its message to it as any delivery
-//!   does, and it runs. Else the delivery marks `pending` as [`NOTING`]
-//!   while it counts its message dropped and notes its position
-//!   ([`Refused`]), then clears the mark; a later runner passes a noted
-//!   position without a call. A delivery that counts in while the mark is
-//!   set and finds no count before its own is the next runner: it waits
-//!   the moment until the mark is cleared, so it reads the note. Earlier
+//!   drops its own message only; it never calls the handler, never counts
+//!   in and never waits. With the log's appends held, it looks whether a
+//!   runner has read its message from the log already (`read_to`, stored
+//!   by each read under the same lock): then that runner runs it, as it
+//!   runs everything it read. Else it counts its message dropped and notes
+//!   its position ([`Refused`]); every later read sees the note, and the
+//!   runner passes the position without a call. So a refusal adds no work
+//!   to a runner, and a flood of refusals cannot keep one running. Earlier
 //!   messages whose jobs are still queued run when those jobs come, in
 //!   order.
 //! - A handler that publishes to itself (any mode) finds `pending` held by
@@ -61,12 +61,7 @@ use crate::message::Message;
 use crate::registry::entry::{BoxFuture, Outcome, Settled, Sink, Tracked, NO_POSITION};
 use crate::registry::ordered_log::{OrderedLog, Read};
 use crate::registry::quiesce::Running;
-use crate::sync::{wait_a_moment, AtomicBool, AtomicU64, AtomicUsize, Ordering};
-
-/// Set in `pending` while a refused delivery notes its position: no runner
-/// is at work then, and the first delivery to count in meanwhile is the
-/// next one once the mark is cleared.
-const NOTING: usize = 1 << (usize::BITS - 1);
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// A sync ordered subscription's sink. The handler is kept inline (not
 /// boxed): a delivery is then one pointer chase from the entry to the
@@ -77,6 +72,10 @@ pub(crate) struct OrderedSink<T, H> {
     log: OnceLock<Arc<OrderedLog<T>>>,
     /// The next position to run.
     cursor: AtomicU64,
+    /// The end of the last read of the log by a runner: positions below it
+    /// are the runners' to run. Written and read with the log's appends
+    /// held.
+    read_to: AtomicU64,
     /// Deliveries counted in since the runner started; see the module docs.
     pending: AtomicUsize,
     /// Cleared when the subscription is removed: the runner skips the rest.
@@ -131,6 +130,7 @@ where
         Self {
             log: OnceLock::new(),
             cursor: AtomicU64::new(0),
+            read_to: AtomicU64::new(0),
             pending: AtomicUsize::new(pending),
             active: AtomicBool::new(true),
             refused: Refused::new(),
@@ -179,26 +179,7 @@ where
     fn arrive(&self, position: u64) -> bool {
         position != NO_POSITION
             && self.cursor.load(Ordering::Acquire) <= position
-            && self.count_in()
-    }
-
-    /// Counts in a delivery; true if the caller is now the runner: the
-    /// first to count in, or the first behind a refusal noting its position
-    /// (once the note is made).
-    #[inline]
-    fn count_in(&self) -> bool {
-        match self.pending.fetch_add(1, Ordering::AcqRel) {
-            0 => true,
-            NOTING => {
-                let mut turn = 0;
-                while self.pending.load(Ordering::Acquire) & NOTING != 0 {
-                    wait_a_moment(turn);
-                    turn = turn.saturating_add(1);
-                }
-                true
-            }
-            _ => false,
-        }
+            && self.pending.fetch_add(1, Ordering::AcqRel) == 0
     }
 
     /// The delivery of `position` became the runner: the common case first
@@ -310,10 +291,13 @@ where
                 }
                 _ => {
                     if cursor < log.head() {
-                        log.read(cursor, &mut read);
-                        // Only a runner notes a refusal: none is noted while
-                        // this one runs.
-                        let refusals = self.refused.any();
+                        let mut refusals = false;
+                        log.read(cursor, &mut read, |end| {
+                            // Positions it read are not noted from now on:
+                            // whether one was is known here.
+                            self.read_to.store(end, Ordering::Relaxed);
+                            refusals = self.refused.any();
+                        });
                         // Pushed out of the ring before this runner got to
                         // them (lost, unless the subscription left: skipped;
                         // a refused one was counted when it was refused).
@@ -443,7 +427,7 @@ where
             if batch
                 .iter()
                 .any(|&(_, position)| position != NO_POSITION && position >= cursor)
-                && self.count_in()
+                && self.pending.fetch_add(1, Ordering::AcqRel) == 0
             {
                 outcome = self.run_batch(log, batch);
             }
@@ -457,38 +441,20 @@ where
         let Some(log) = self.log.get() else {
             return Some(tally);
         };
-        let mut turn = 0;
-        loop {
-            // Run already (or nothing to run).
-            if position == NO_POSITION || self.cursor.load(Ordering::Acquire) > position {
-                return Some(tally);
-            }
-            let now = self.pending.load(Ordering::Acquire);
-            if now & NOTING != 0 {
-                // Another refusal is noting: a moment, then look again.
-                wait_a_moment(turn);
-                turn = turn.saturating_add(1);
-            } else if now != 0 {
-                // A runner at work reads to the head before it lets go:
-                // counted in, the message is left to it, and runs.
-                if self
-                    .pending
-                    .compare_exchange(now, now + 1, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    return Some(tally);
-                }
-            } else if self
-                .pending
-                .compare_exchange(0, NOTING, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                break;
-            }
+        if position == NO_POSITION {
+            return Some(tally);
         }
-        // No runner: none can start until the mark is cleared. A runner may
-        // have run the message and let go since the cursor was read.
-        if self.cursor.load(Ordering::Acquire) <= position {
+        let noted = log.while_appends_wait(|| {
+            // Run, or read by a runner that will run it.
+            if self.cursor.load(Ordering::Acquire) > position
+                || self.read_to.load(Ordering::Relaxed) > position
+            {
+                return false;
+            }
+            self.refused.note(position, log.oldest_kept());
+            true
+        });
+        if noted {
             tally.add(if !self.active.load(Ordering::Acquire) {
                 Call::Skipped
             } else if self.in_snapshot(message) {
@@ -496,9 +462,7 @@ where
             } else {
                 Call::Dropped
             });
-            self.refused.note(position, log.oldest_kept());
         }
-        self.pending.fetch_sub(NOTING, Ordering::AcqRel);
         Some(tally)
     }
 }

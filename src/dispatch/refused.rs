@@ -3,14 +3,14 @@
 //! `Overflow::Error`, a runtime that dropped the job), ahead of its cursor.
 //!
 //! # Contract
-//! - **Noted only while no runner is at work:** a refused delivery that
-//!   finds none marks the sink's `pending` count as noting (no runner can
-//!   start meanwhile), notes its position here and clears the mark; every
-//!   later runner starts through `pending`'s read-modify-writes (the first
-//!   one behind the mark waits for it to clear), which order the note
-//!   before its reads. So no runner can be calling a message while its
-//!   refusal is noted, and only one thread at a time is here; the lock is
-//!   there because the sink is shared.
+//! - **Noted only where no runner has read:** a refused delivery notes its
+//!   position with its log's appends held, and only if no runner's read of
+//!   the log has reached it; every read, under the same lock, learns
+//!   whether anything is noted ([`Refused::any`]). So a runner never calls
+//!   a message whose refusal it did not see, and a refusal never notes a
+//!   message a runner has read (that runner runs it). The runner passes
+//!   noted positions while refusals may note later ones: the lock here
+//!   keeps the two apart.
 //! - **A noted position was counted dropped when it was noted.** The runner
 //!   that reaches it passes it without a call and without counting it
 //!   again, also when the log pushed it out first ([`Refused::passed`]).
