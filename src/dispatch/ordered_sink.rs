@@ -291,20 +291,20 @@ where
                 }
                 _ => {
                     if cursor < log.head() {
-                        let mut refusals = false;
-                        log.read(cursor, &mut read, |end| {
-                            // Positions it read are not noted from now on:
-                            // whether one was is known here.
+                        let (mut refusals, mut counted) = (false, 0);
+                        log.read(cursor, &mut read, |start, end| {
+                            // Positions it read are not noted from now on,
+                            // nor forgotten: what is noted is known here.
                             self.read_to.store(end, Ordering::Relaxed);
                             refusals = self.refused.any();
+                            if refusals {
+                                counted = self.refused.passed(start);
+                            }
                         });
                         // Pushed out of the ring before this runner got to
                         // them (lost, unless the subscription left: skipped;
                         // a refused one was counted when it was refused).
-                        let mut lost = read.start() - cursor;
-                        if refusals && lost > 0 {
-                            lost -= self.refused.passed(read.start()).min(lost);
-                        }
+                        let lost = (read.start() - cursor).saturating_sub(counted);
                         if self.active.load(Ordering::Acquire) {
                             tally.dropped += u32::try_from(lost).unwrap_or(u32::MAX);
                         }
@@ -451,7 +451,8 @@ where
             {
                 return false;
             }
-            self.refused.note(position, log.oldest_kept());
+            let read_to = self.read_to.load(Ordering::Relaxed);
+            self.refused.note(position, log.oldest_kept(), read_to);
             true
         });
         if noted {

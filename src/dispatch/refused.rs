@@ -14,10 +14,13 @@
 //! - **A noted position was counted dropped when it was noted.** The runner
 //!   that reaches it passes it without a call and without counting it
 //!   again, also when the log pushed it out first ([`Refused::passed`]).
-//! - **Bounded by the log:** positions older than the log keeps are
-//!   forgotten as a count on the next note (the runner will find them
-//!   pushed out and must not count them twice), so at most the log's
-//!   capacity of positions is held.
+//! - **Bounded by the log:** noted positions the log has pushed out and no
+//!   runner has read are forgotten as a count on the next note (the next
+//!   read starts past them, and must not count them twice), so what is
+//!   held is at most the log's capacity of positions plus those of the
+//!   read a runner is working through. The count and the positions are
+//!   changed only with the log's appends held, or (passing positions of a
+//!   read) below where the runner read, which no note touches.
 
 use std::collections::VecDeque;
 
@@ -58,18 +61,23 @@ impl Refused {
         self.any.load(Ordering::Relaxed)
     }
 
-    /// Notes `position` (refused, counted), forgetting noted positions
-    /// below `oldest_kept` as a count.
-    pub(crate) fn note(&self, position: u64, oldest_kept: u64) {
+    /// Notes `position` (refused, counted), with the log's appends held.
+    /// Noted positions the log no longer keeps (below `oldest_kept`) that
+    /// no runner has read (at or above `read_to`) are forgotten as a count:
+    /// the next read starts past them and takes the count
+    /// ([`Refused::passed`]). Those a runner has read stay for it to pass.
+    pub(crate) fn note(&self, position: u64, oldest_kept: u64, read_to: u64) {
         let mut noted = self.lock();
-        while noted.positions.front().is_some_and(|&p| p < oldest_kept) {
-            noted.positions.pop_front();
-            noted.pushed_out += 1;
-        }
         // Two publishers' refusals may be noted out of order.
         let at = noted.positions.partition_point(|&p| p < position);
         if noted.positions.get(at) != Some(&position) {
             noted.positions.insert(at, position);
+        }
+        let from = noted.positions.partition_point(|&p| p < read_to);
+        let to = noted.positions.partition_point(|&p| p < oldest_kept);
+        if from < to {
+            noted.positions.drain(from..to);
+            noted.pushed_out += (to - from) as u64;
         }
         self.any.store(true, Ordering::Relaxed);
     }
@@ -90,8 +98,9 @@ impl Refused {
         refused
     }
 
-    /// The runner moved its cursor to `start` over positions the log had
-    /// pushed out: how many of them were refused, and so counted already.
+    /// A runner's read of the log starts at `start` (with the log's appends
+    /// held), past its cursor if the log pushed positions out: how many of
+    /// those were refused, and so counted already.
     pub(crate) fn passed(&self, start: u64) -> u64 {
         let mut noted = self.lock();
         let mut counted = std::mem::take(&mut noted.pushed_out);
@@ -115,25 +124,29 @@ mod tests {
     use super::Refused;
 
     /// Positions noted out of order are passed in order; those the log
-    /// pushed out are forgotten as a count that the runner's next pass over
-    /// pushed-out positions takes.
+    /// pushed out and no runner read are forgotten as a count that the
+    /// next read takes; those a runner read stay for it.
     #[test]
     fn noted_positions_are_passed_in_order_and_bounded_by_the_log() {
         let refused = Refused::new();
         assert!(!refused.any());
-        refused.note(5, 0);
-        refused.note(3, 0);
-        refused.note(3, 0);
+        refused.note(5, 0, 0);
+        refused.note(3, 0, 0);
+        refused.note(3, 0, 0);
         assert!(refused.any());
         assert!(!refused.take(2));
         assert!(refused.take(3));
-        // The log now keeps 8 and above: 5 is forgotten, as a count.
-        refused.note(9, 8);
-        assert_eq!(refused.passed(8), 1);
+        // The log now keeps 8 and above; a runner read up to 6: 5 stays
+        // for it, as a position.
+        refused.note(9, 8, 6);
+        assert!(refused.take(5));
+        // Nothing read past 6: 9 is forgotten once the log drops it.
+        refused.note(12, 10, 6);
+        assert_eq!(refused.passed(10), 1);
         assert!(refused.any());
-        assert!(refused.take(9));
+        assert!(refused.take(12));
         assert!(!refused.any());
-        refused.note(12, 0);
+        refused.note(14, 0, 0);
         assert_eq!(refused.passed(20), 1);
         assert!(!refused.any());
     }

@@ -220,9 +220,10 @@ impl<T> OrderedLog<T> {
 
     /// Reads the messages from position `from` to the head into `into`
     /// (see [`Read`]); older ones pushed out of the ring are not there.
-    /// `read_to` is called with the end of the read before appends are let
-    /// go on: whatever [`Self::while_appends_wait`] does next sees it.
-    pub(crate) fn read(&self, from: u64, into: &mut Read<T>, read_to: impl FnOnce(u64)) {
+    /// `read_to` is called with the read's start and end before appends
+    /// are let go on: whatever [`Self::while_appends_wait`] does next sees
+    /// what it did.
+    pub(crate) fn read(&self, from: u64, into: &mut Read<T>, read_to: impl FnOnce(u64, u64)) {
         into.blocks.clear();
         let ring = self.lock();
         into.start = from.max(ring.first);
@@ -234,7 +235,7 @@ impl<T> OrderedLog<T> {
                 .filter(|block| block.first + BLOCK as u64 > start && block.first < end)
                 .cloned(),
         );
-        read_to(end);
+        read_to(start, end);
     }
 
     /// Runs `step` while no append and no read can happen: a step that
@@ -271,13 +272,13 @@ mod tests {
         }
         assert_eq!(log.head(), total);
         let mut read = Read::default();
-        log.read(total - 10, &mut read, |_| {});
+        log.read(total - 10, &mut read, |_, _| {});
         assert_eq!(
             values(&read),
             (total - 10..total).map(|p| (p, p)).collect::<Vec<_>>()
         );
         // Older than the bound: the read starts at the oldest kept.
-        log.read(0, &mut read, |_| {});
+        log.read(0, &mut read, |_, _| {});
         let oldest = total - capacity as u64;
         assert_eq!(read.start(), oldest);
         assert_eq!(
