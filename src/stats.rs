@@ -30,7 +30,7 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 
 use crate::error::Error;
-use crate::sync::{AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
 
 /// A snapshot of a bus's counters, from [`Bus::stats`](crate::Bus::stats).
 ///
@@ -127,6 +127,11 @@ pub(crate) struct Counters {
     /// drains the bus, so it happens even if every `close` future was
     /// dropped or timed out.
     on_drained: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Set (under `drain_lock`) once `on_drained` has run to its end: a
+    /// waiter that sees the work drained returns only then, so the streams
+    /// have ended when `close` returns, also when another thread drained
+    /// the bus a moment before.
+    finished: AtomicBool,
 }
 
 thread_local! {
@@ -267,6 +272,7 @@ impl Counters {
             drain_lock: Mutex::new(()),
             drained: Condvar::new(),
             on_drained: OnceLock::new(),
+            finished: AtomicBool::new(false),
         }
     }
 
@@ -309,6 +315,7 @@ impl Counters {
         }
         // Taking the lock orders this wake-up after the waiter's check.
         let _guard = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.finished.store(true, Ordering::Release);
         self.drained.notify_all();
     }
 
@@ -438,7 +445,8 @@ impl Counters {
         let started = crate::sync::now();
         let mut guard = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if self.work.load(Ordering::Acquire) == CLOSED {
+            if self.work.load(Ordering::Acquire) == CLOSED && self.finished.load(Ordering::Acquire)
+            {
                 return Ok(());
             }
             if abandoned.load(std::sync::atomic::Ordering::Acquire) {

@@ -752,3 +752,50 @@ fn an_undriven_current_thread_runtime_dropped_counts_everything() {
         }
     }
 }
+
+/// When `close()` returns `Ok`, every stream has ended: a reader finds it
+/// `Closed` at once, not `Empty` for a moment, also when another thread
+/// finished the last delivery (and so began ending the streams) just as
+/// `close` looked. Found by the thirty-first session's random test of the
+/// API: the waiters returned on seeing the work drained, while the thread
+/// that drained it was still ending the streams (100–400 of 400 open).
+#[test]
+fn close_returns_after_every_stream_has_ended() {
+    let rt = runtime(2);
+    for round in 0..150u64 {
+        // The handler finishes at a different moment of `close` each round.
+        let spin = Duration::from_micros(round % 150);
+        let bus = Bus::<u64>::builder()
+            .delivery(DeliveryMode::WorkerPool)
+            .workers(1)
+            .build()
+            .unwrap();
+        let mut streams: Vec<_> = (0..300)
+            .map(|_| bus.subscribe_stream("s/#").unwrap())
+            .collect();
+        let _slow = bus
+            .subscribe("h", move |_| {
+                let start = std::time::Instant::now();
+                while start.elapsed() < spin {
+                    std::hint::spin_loop();
+                }
+            })
+            .unwrap();
+        bus.publish("h", 1).unwrap();
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), bus.close())
+                .await
+                .expect("close returns")
+                .expect("close is Ok");
+        });
+        let open = streams
+            .iter_mut()
+            .map(|rx| matches!(rx.try_recv(), Err(blazesub::TryRecvError::Empty)))
+            .filter(|&empty| empty)
+            .count();
+        assert_eq!(
+            open, 0,
+            "round {round}: {open} of 300 streams had not ended"
+        );
+    }
+}
