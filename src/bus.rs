@@ -872,7 +872,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// [`Self::has_subscribers`], a route-cache read (and, on a bus with
     /// shared groups, a look at each group's filter).
     ///
-    /// One difference: a [`StreamOverflow::Disconnect`](crate::StreamOverflow::Disconnect) stream that has
+    /// One difference: a [`StreamOverflow::Disconnect`] stream that has
     /// disconnected is counted here until its [`Receiver`] is dropped,
     /// while `publish` already skips it (and does not count it).
     pub fn subscribers(&self, topic: &str) -> usize {

@@ -810,3 +810,50 @@ async fn a_request_from_a_task_spawned_by_a_handler_holding_the_last_slot_is_ans
     }
     assert!(failed.is_empty(), "requests not answered: {failed:?}");
 }
+
+/// `close()` awaited in an async handler whose task runner, at the task
+/// cap, awaits it together with another pending delivery of the same
+/// publish: that other delivery is counted as soon as it finishes, so
+/// `close` (which waits for everything but its own delivery) returns.
+/// Found by the thirty-first session's random API test: the runner counted
+/// both only once both were done, and `close` waited out `close_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_from_an_async_handler_awaited_with_another_at_the_cap_returns() {
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::TaskPerSubscriber)
+        .max_inflight_tasks(1)
+        .close_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let _other = bus
+        .subscribe_async("#", |_m: Arc<Message<u32>>| async {
+            tokio::time::sleep(Duration::from_micros(300)).await
+        })
+        .unwrap();
+    let result: Arc<std::sync::Mutex<Option<Result<(), Error>>>> = Arc::default();
+    let _closer = {
+        let (bus, result) = (bus.clone(), Arc::clone(&result));
+        bus.clone()
+            .subscribe_async("z/close", move |_m: Arc<Message<u32>>| {
+                let (bus, result) = (bus.clone(), Arc::clone(&result));
+                async move {
+                    let closed = bus.close().await;
+                    *result.lock().unwrap() = Some(closed);
+                }
+            })
+            .unwrap()
+    };
+    bus.publish("z/close", 1).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while result.lock().unwrap().is_none() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let closed = result.lock().unwrap().take();
+    assert!(
+        matches!(closed, Some(Ok(()))),
+        "close() from the handler: {closed:?}"
+    );
+    assert!(wait_until(Duration::from_secs(10), || bus
+        .inflight_messages()
+        == 0));
+}

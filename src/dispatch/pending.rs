@@ -172,27 +172,37 @@ fn finish(
     }
 }
 
-/// Awaits pending deliveries inside a task runner, all at once, adding each
-/// outcome to `tally` (which the runner reports once its task slot is free);
-/// any still pending if this future is dropped (the runtime shutting down)
-/// are counted as dropped at once.
+/// Awaits pending deliveries inside a task runner, all at once. Those that
+/// finish while others still await are counted at once: one may be
+/// waiting for another to be counted (a `close` awaited in a handler waits
+/// for everything but its own delivery). Those that finish last are added
+/// to `tally`, which the runner reports once its task slot is free. Any
+/// still pending if this future is dropped (the runtime shutting down) are
+/// counted as dropped at once.
 pub(super) async fn finish_here(futures: Vec<BoxFuture>, env: &Arc<Env>, tally: &mut Tally) {
     let mut here = AwaitedHere {
         pending: futures.into_iter().map(CatchUnwind).collect(),
         env: Arc::clone(env),
     };
     std::future::poll_fn(|cx| {
+        let mut done = Tally::default();
         here.pending
             .retain_mut(|future| match Pin::new(future).poll(cx) {
                 Poll::Pending => true,
                 Poll::Ready(outcome) => {
-                    record(outcome, tally);
+                    record(outcome, &mut done);
                     false
                 }
             });
         if here.pending.is_empty() {
+            tally.finished += done.finished;
+            tally.delivered += done.delivered;
+            tally.panics += done.panics;
             Poll::Ready(())
         } else {
+            if done.finished > 0 {
+                here.env.counters.add(&done);
+            }
             Poll::Pending
         }
     })
