@@ -857,3 +857,80 @@ async fn close_from_an_async_handler_awaited_with_another_at_the_cap_returns() {
         .inflight_messages()
         == 0));
 }
+
+/// `TaskPerSubscriber` under `Error` with no task slot free: a publish
+/// whose lane's task cannot start drops what the lane holds, other
+/// publishers' queued publishes too (counted), but reports only its own
+/// deliveries in `Overloaded`, never more than it matched. Found by the
+/// thirty-first session's review: it reported every publish it dropped
+/// (11–12 dropped of 6 matched).
+#[test]
+fn a_lane_that_cannot_start_its_task_reports_only_the_publishs_own_drops() {
+    for _ in 0..20 {
+        lane_without_a_task_slot_reports_its_own_drops();
+    }
+}
+
+fn lane_without_a_task_slot_reports_its_own_drops() {
+    let rt = common::runtime(2);
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::TaskPerSubscriber)
+        .workers(1)
+        .queue_capacity(2)
+        .max_inflight_tasks(2)
+        .overflow(Overflow::Error)
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap();
+    let mut subs: Vec<_> = ["t", "t", "t", "+", "#"]
+        .into_iter()
+        .map(|filter| {
+            bus.subscribe_ordered(filter, |m| {
+                if m.data() % 97 == 0 {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            })
+            .unwrap()
+        })
+        .collect();
+    subs.push(
+        bus.subscribe_async("t", |_m: Arc<Message<u32>>| async {
+            tokio::task::yield_now().await;
+        })
+        .unwrap(),
+    );
+    let over = Arc::new(AtomicU64::new(0));
+    let publishers: Vec<_> = (0..4u32)
+        .map(|p| {
+            let (bus, over) = (bus.clone(), Arc::clone(&over));
+            std::thread::spawn(move || {
+                for i in 0..1_000 {
+                    match bus.publish("t", p * 1_000 + i) {
+                        Ok(_) => {}
+                        Err(Error::Overloaded {
+                            dropped, matched, ..
+                        }) => {
+                            if dropped > matched {
+                                over.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for publisher in publishers {
+        publisher.join().unwrap();
+    }
+    assert!(wait_until(Duration::from_secs(20), || bus
+        .inflight_messages()
+        == 0));
+    let stats = bus.stats();
+    assert_eq!(stats.delivered + stats.dropped, 6 * 4_000, "{stats:?}");
+    assert_eq!(
+        over.load(Ordering::Relaxed),
+        0,
+        "publishes reported more drops than they matched: {stats:?}"
+    );
+}

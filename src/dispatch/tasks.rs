@@ -130,7 +130,7 @@ impl<T: Send + Sync + 'static> Tasks<T> {
             let (serving, started) = match lane.push(&job, helpable) {
                 Pushed::Queued { start_task, lone } => {
                     let dropped = if start_task {
-                        self.start_task(lane, env)
+                        self.start_task(lane, env, Some(&job))
                     } else {
                         0
                     };
@@ -180,7 +180,7 @@ impl<T: Send + Sync + 'static> Tasks<T> {
                 }
                 Next::Left { start_task } => {
                     if start_task {
-                        self.start_task(lane, env);
+                        self.start_task(lane, env, None);
                     }
                     return;
                 }
@@ -190,8 +190,15 @@ impl<T: Send + Sync + 'static> Tasks<T> {
 
     /// Starts `lane`'s task (the lane counts it as started). Without a task
     /// slot the caller serves the lane, or counts its publishes as dropped
-    /// (`Drop`, `Error`); returns how many deliveries that dropped.
-    fn start_task(&self, lane: &Arc<Lane<T>>, env: &Arc<Env>) -> usize {
+    /// (`Drop`, `Error`: other publishers' too, queued meanwhile for the
+    /// task that could not start); returns how many deliveries of `own`
+    /// (the caller's publish) that dropped, which is what `Error` reports.
+    fn start_task(
+        &self,
+        lane: &Arc<Lane<T>>,
+        env: &Arc<Env>,
+        own: Option<&Arc<Fanout<T>>>,
+    ) -> usize {
         if let Some(permit) = TaskPermit::acquire(env) {
             spawn_lane_task(&self.handle, Arc::clone(lane), permit, Server::Task);
             return 0;
@@ -203,7 +210,12 @@ impl<T: Send + Sync + 'static> Tasks<T> {
                 Overflow::Wait | Overflow::CallerRuns => {
                     caller_runs(&job, &mut TaskModeRunner::new(env, Place::Publisher), env);
                 }
-                Overflow::Drop | Overflow::Error => dropped += refused(&job, false, env),
+                Overflow::Drop | Overflow::Error => {
+                    let refused = refused(&job, false, env);
+                    if own.is_some_and(|own| Arc::ptr_eq(own, &job)) {
+                        dropped += refused;
+                    }
+                }
             }
         }
         dropped
