@@ -115,9 +115,10 @@ pub enum Overflow {
     /// An ordered handler's delivery dropped here drops that message only:
     /// the subscription's earlier messages, still waiting for their own
     /// queued work, run when it comes, in order, and the dropped one is
-    /// passed over. A dropped delivery whose subscription is running an
-    /// earlier message at that moment is not dropped at all: that call's
-    /// runner runs it next, as it would have run a queued one.
+    /// passed over. A dropped delivery whose message the subscription's
+    /// runner has already taken in (catching up on what other deliveries
+    /// left it) is not dropped at all: that runner runs it. The publisher
+    /// never runs an ordered handler for a dropped delivery.
     Drop,
     /// Like `Drop`, and a `publish` that had to drop deliveries returns
     /// [`Error::Overloaded`]. It reports what was refused during the call; an
