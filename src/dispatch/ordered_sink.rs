@@ -309,14 +309,12 @@ where
                             tally.dropped += u32::try_from(lost).unwrap_or(u32::MAX);
                         }
                         for (position, message) in read.messages() {
-                            if refusals && self.refused.take(position) {
-                                // Counted when it was refused.
-                            } else if message.inline_depth() > 0 {
+                            // A refused one was counted when it was refused.
+                            if !(refusals && self.refused.take(position)) {
                                 // Maybe published from inside this runner's
                                 // own call: as deep as that publish runs.
-                                let _deeper = InlineAtLeast::enter(message.inline_depth());
-                                tally.add(self.call_unless_pushed_out(log, position, message));
-                            } else {
+                                let _deeper = (message.inline_depth() > 0)
+                                    .then(|| InlineAtLeast::enter(message.inline_depth()));
                                 tally.add(self.call_unless_pushed_out(log, position, message));
                             }
                             self.cursor.store(position + 1, Ordering::Release);
@@ -445,13 +443,11 @@ where
             return Some(tally);
         }
         let noted = log.while_appends_wait(|| {
+            let read_to = self.read_to.load(Ordering::Relaxed);
             // Run, or read by a runner that will run it.
-            if self.cursor.load(Ordering::Acquire) > position
-                || self.read_to.load(Ordering::Relaxed) > position
-            {
+            if self.cursor.load(Ordering::Acquire) > position || read_to > position {
                 return false;
             }
-            let read_to = self.read_to.load(Ordering::Relaxed);
             self.refused.note(position, log.oldest_kept(), read_to);
             true
         });
