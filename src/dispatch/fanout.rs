@@ -745,32 +745,39 @@ mod tests {
             ));
             assert!(trie.insert::<Handlers>("t", |_| entry).is_ok());
         }
-        let sets = RouteCache::<u32>::new(2).route(&trie, "t").handler_sets();
-        let job = Fanout::new(
-            Arc::new(Message::new("t", 1)),
-            sets,
-            Default::default(),
-            &Policy::new(&config),
-        )
-        .unwrap();
+        // The grain follows the clock: on a machine busy enough that most
+        // units look slow it stays small. The fewest claims of a few runs
+        // tells the behaviour apart from the load (one claim per handler
+        // in every run, before).
+        let mut fewest = usize::MAX;
+        for run in 1..=5u64 {
+            let sets = RouteCache::<u32>::new(2).route(&trie, "t").handler_sets();
+            let job = Fanout::new(
+                Arc::new(Message::new("t", 1)),
+                sets,
+                Default::default(),
+                &Policy::new(&config),
+            )
+            .unwrap();
+            assert!(
+                job.plan().unit == 1 && !job.plan().single_claim,
+                "below the threshold"
+            );
+            let mut runner = LonelyRunner {
+                claims: StdAtomicUsize::new(0),
+            };
+            job.run(&env, &mut runner, &mut Tally::default());
+            assert_eq!(
+                calls.load(std::sync::atomic::Ordering::Relaxed),
+                run * HANDLERS as u64
+            );
+            fewest = fewest.min(runner.claims.load(std::sync::atomic::Ordering::Relaxed));
+        }
+        // Grains up to 64 take about 25 claims; a few slow units reset the
+        // grain without nearing one claim per handler.
         assert!(
-            job.plan().unit == 1 && !job.plan().single_claim,
-            "below the threshold"
-        );
-        let mut runner = LonelyRunner {
-            claims: StdAtomicUsize::new(0),
-        };
-        job.run(&env, &mut runner, &mut Tally::default());
-        assert_eq!(
-            calls.load(std::sync::atomic::Ordering::Relaxed),
-            HANDLERS as u64
-        );
-        let claims = runner.claims.load(std::sync::atomic::Ordering::Relaxed);
-        // Grains up to 64 take about 25 claims; a few slow units (a busy
-        // machine) reset the grain without nearing one claim per handler.
-        assert!(
-            claims < HANDLERS / 4,
-            "{claims} claims for {HANDLERS} handlers"
+            fewest < HANDLERS / 4,
+            "{fewest} claims for {HANDLERS} handlers in the best of 5 runs"
         );
     }
 
