@@ -934,3 +934,77 @@ fn lane_without_a_task_slot_reports_its_own_drops() {
         "publishes reported more drops than they matched: {stats:?}"
     );
 }
+
+/// `close()` awaited in an async handler whose future is finished where it
+/// runs, because another delivery holds the only task slot (`Inline`: on
+/// the publisher's thread; `WorkerPool`: on the worker), returns once
+/// everything else has drained. The rest of that publish's deliveries wait
+/// behind the handler on the same stack, so they are its caller's, not
+/// something to wait for. Found by the thirty-first session's random API
+/// test: `close` waited for them and timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_from_an_async_handler_finished_in_place_at_the_task_cap_returns() {
+    for mode in [DeliveryMode::WorkerPool, DeliveryMode::Inline] {
+        let bus = Bus::<u32>::builder()
+            .delivery(mode)
+            .max_inflight_tasks(1)
+            .close_timeout(Duration::from_secs(3))
+            .build()
+            .unwrap();
+        // Holds the one task slot for a while (its first poll is pending):
+        // `close` must wait for it.
+        let slept = Arc::new(AtomicU64::new(0));
+        let _slot_holder = {
+            let slept = Arc::clone(&slept);
+            bus.subscribe_async("#", move |_m: Arc<Message<u32>>| {
+                let slept = Arc::clone(&slept);
+                async move {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    slept.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+            .unwrap()
+        };
+        type Closed = Option<(Result<(), Error>, u64)>;
+        let result: Arc<std::sync::Mutex<Closed>> = Arc::default();
+        let _closer = {
+            let (bus, result, slept) = (bus.clone(), Arc::clone(&result), Arc::clone(&slept));
+            bus.clone()
+                .subscribe_async("z/close", move |_m: Arc<Message<u32>>| {
+                    let (bus, result, slept) =
+                        (bus.clone(), Arc::clone(&result), Arc::clone(&slept));
+                    async move {
+                        // Pending at its first poll: finished in place.
+                        tokio::task::yield_now().await;
+                        let closed = bus.close().await;
+                        *result.lock().unwrap() = Some((closed, slept.load(Ordering::SeqCst)));
+                    }
+                })
+                .unwrap()
+        };
+        let after = Arc::new(AtomicU64::new(0));
+        let _after = {
+            let after = Arc::clone(&after);
+            bus.subscribe("#", move |_m| {
+                after.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap()
+        };
+        bus.publish("z/close", 1).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while result.lock().unwrap().is_none() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let closed = result.lock().unwrap().take();
+        assert!(
+            matches!(closed, Some((Ok(()), 1))),
+            "{mode:?}: close() from the handler, and whether it waited for the other handler: {closed:?}"
+        );
+        assert!(wait_until(Duration::from_secs(10), || after
+            .load(Ordering::SeqCst)
+            == 1));
+        assert!(wait_until(Duration::from_secs(10), || bus
+            .inflight_messages()
+            == 0));
+    }
+}

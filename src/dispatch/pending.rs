@@ -40,6 +40,7 @@ use super::permit::TaskPermit;
 use super::{report_panic, Env};
 use crate::config::Overflow;
 use crate::registry::entry::BoxFuture;
+use crate::registry::quiesce::finishing_in_place;
 use crate::stats::Tally;
 
 /// Polls a just-started async delivery once. `Some` if it is not finished.
@@ -139,15 +140,19 @@ pub(crate) fn settle(future: BoxFuture, env: &Arc<Env>, place: Place, tally: &mu
             Ok(current) if place == Place::Publisher => {
                 if current.runtime_flavor() == RuntimeFlavor::MultiThread && !EnteredForPoll::here()
                 {
-                    let outcome =
-                        tokio::task::block_in_place(|| handle.block_on(CatchUnwind(future)));
+                    let outcome = tokio::task::block_in_place(|| {
+                        finishing_in_place(|| handle.block_on(CatchUnwind(future)))
+                    });
                     record(outcome, tally);
                 } else {
                     handle.spawn(finish(future, Arc::clone(env), None));
                     return Handed::Away;
                 }
             }
-            _ => record(handle.block_on(CatchUnwind(future)), tally),
+            _ => record(
+                finishing_in_place(|| handle.block_on(CatchUnwind(future))),
+                tally,
+            ),
         },
     }
     Handed::Done

@@ -32,7 +32,7 @@
 //! Waiters are served one at a time; a wait is cancel-safe (dropping it
 //! leaves nothing held).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::pin;
 use std::sync::{Arc, Weak};
@@ -68,15 +68,20 @@ thread_local! {
 //   and the last few it was (rarely more than one).
 // - `POLLING`: the async deliveries this thread is polling now (their
 //   [`Running`] counters, by address, and their bus), innermost last.
+// - `IN_PLACE`: one more than the `POLLING` depth at which this thread is
+//   finishing a pending delivery in place (see [`finishing_in_place`]), 0
+//   if none: the delivery polled at that depth is the one being finished.
 #[cfg(not(loom))]
 std::thread_local! {
     static OWN: RefCell<Vec<Own>> = const { RefCell::new(Vec::new()) };
     static POLLING: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
+    static IN_PLACE: Cell<usize> = const { Cell::new(0) };
 }
 #[cfg(loom)]
 loom::thread_local! {
     static OWN: RefCell<Vec<Own>> = RefCell::new(Vec::new());
     static POLLING: RefCell<Vec<Frame>> = RefCell::new(Vec::new());
+    static IN_PLACE: Cell<usize> = Cell::new(0);
 }
 
 /// What this thread's stack holds of one bus (see `OWN`).
@@ -136,8 +141,13 @@ struct Frame {
     /// Its bus's [`Quiescence::id`].
     bus: u64,
     /// Set when this poll returns, for a `close` called inside it (see
-    /// [`caller_here`]); made only by such a call.
+    /// [`caller_here`]); made only by such a call. Never set for a
+    /// delivery being finished in place: its poll returning does not let
+    /// the stack below it go on.
     ended: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Whether this delivery is being finished in place (see
+    /// [`finishing_in_place`]).
+    in_place: bool,
     /// For an ordered handler's call: what is queued behind it.
     behind: Option<Weak<dyn QueuedBehind>>,
 }
@@ -216,6 +226,25 @@ pub(crate) fn hold(quiescence: &Quiescence, n: u64) {
 #[inline]
 pub(crate) fn unhold(quiescence: &Quiescence, n: u64) {
     change_own(quiescence.id, |own| own.held = own.held.saturating_sub(n));
+}
+
+/// Runs `finish`, which drives a pending delivery's future to its end on
+/// this thread, blocking it (at the task cap, where the delivery's runner
+/// finishes it itself). A `close` awaited in that delivery then never
+/// waits for what this thread's stack holds, even between polls: the stack
+/// below (the rest of the run, the publish it serves) cannot go on before
+/// the future is finished, which needs the `close` to return.
+pub(crate) fn finishing_in_place<R>(finish: impl FnOnce() -> R) -> R {
+    /// Puts back the outer in-place depth, even if `finish` panics.
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IN_PLACE.with(|depth| depth.set(self.0));
+        }
+    }
+    let depth = POLLING.with(|polling| polling.borrow().len());
+    let _restore = Restore(IN_PLACE.with(|here| here.replace(depth + 1)));
+    finish()
 }
 
 /// In-flight deliveries of `quiescence`'s bus held by the call stack of
@@ -408,10 +437,13 @@ impl Running {
             let mut future = pin!(future);
             std::future::poll_fn(|cx| {
                 POLLING.with(|polling| {
-                    polling.borrow_mut().push(Frame {
+                    let mut polling = polling.borrow_mut();
+                    let in_place = IN_PLACE.with(Cell::get) == polling.len() + 1;
+                    polling.push(Frame {
                         key,
                         bus,
                         ended: None,
+                        in_place,
                         behind: done.0.behind.get().cloned(),
                     })
                 });
@@ -463,7 +495,10 @@ struct Unmark {
 impl Drop for Unmark {
     fn drop(&mut self) {
         let frame = POLLING.with(|polling| polling.borrow_mut().pop());
-        if let Some(ended) = frame.and_then(|frame| frame.ended) {
+        if let Some(ended) = frame
+            .filter(|frame| !frame.in_place)
+            .and_then(|frame| frame.ended)
+        {
             ended.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         if let Some(bus) = self.held {
