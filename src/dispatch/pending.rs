@@ -18,7 +18,9 @@
 //!   on a current-thread runtime cannot block (the future needs that very
 //!   thread), nor can one inside an async handler's first poll (which
 //!   enters the bus's runtime context, so the thread's own runtime cannot
-//!   be told): there the future continues as a task past the cap;
+//!   be told): there the future continues as a task past the cap. A
+//!   `close` awaited in a future finished in place does not wait for the
+//!   rest of the stack that blocks on it (`quiesce::finishing_in_place`);
 //! - `Drop` / `Error`: the future is cancelled and counted as dropped (in
 //!   `Inline` mode `publish` then returns `Error::Overloaded` under `Error`).
 //!
