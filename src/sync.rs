@@ -58,12 +58,39 @@ pub(crate) use loom::cell::UnsafeCell;
 /// stands still, so that decisions taken on elapsed time are the same in
 /// every execution loom explores (loom requires a deterministic model).
 pub(crate) fn now() -> std::time::Instant {
+    #[cfg(all(test, not(loom)))]
+    if let Some(stopped) = STOPPED_CLOCK.with(std::cell::Cell::get) {
+        return stopped;
+    }
     #[cfg(not(loom))]
     return std::time::Instant::now();
     #[cfg(loom)]
     {
         static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
         *EPOCH.get_or_init(std::time::Instant::now)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+std::thread_local!(static STOPPED_CLOCK: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) });
+
+/// Stops [`now`] on this thread until dropped (unit tests): a decision
+/// taken on elapsed time (a claim's grain) is then the same on a machine
+/// too busy to keep a unit under a microsecond.
+#[cfg(all(test, not(loom)))]
+pub(crate) struct StoppedClock(Option<std::time::Instant>);
+
+#[cfg(all(test, not(loom)))]
+impl StoppedClock {
+    pub(crate) fn here() -> Self {
+        Self(STOPPED_CLOCK.with(|clock| clock.replace(Some(std::time::Instant::now()))))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+impl Drop for StoppedClock {
+    fn drop(&mut self) {
+        STOPPED_CLOCK.with(|clock| clock.set(self.0));
     }
 }
 

@@ -844,11 +844,7 @@ async fn close_from_an_async_handler_awaited_with_another_at_the_cap_returns() {
             .unwrap()
     };
     bus.publish("z/close", 1).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while result.lock().unwrap().is_none() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let closed = result.lock().unwrap().take();
+    let closed = taken_within(&result, Duration::from_secs(10)).await;
     assert!(
         matches!(closed, Some(Ok(()))),
         "close() from the handler: {closed:?}"
@@ -991,11 +987,7 @@ async fn close_from_an_async_handler_finished_in_place_at_the_task_cap_returns()
             .unwrap()
         };
         bus.publish("z/close", 1).unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while result.lock().unwrap().is_none() && std::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        let closed = result.lock().unwrap().take();
+        let closed = taken_within(&result, Duration::from_secs(10)).await;
         assert!(
             matches!(closed, Some((Ok(()), 1))),
             "{mode:?}: close() from the handler, and whether it waited for the other handler: {closed:?}"
@@ -1007,4 +999,13 @@ async fn close_from_an_async_handler_finished_in_place_at_the_task_cap_returns()
             .inflight_messages()
             == 0));
     }
+}
+
+/// What a handler left in `slot`, once it did, or `None` after `within`.
+async fn taken_within<R>(slot: &std::sync::Mutex<Option<R>>, within: Duration) -> Option<R> {
+    let deadline = std::time::Instant::now() + within;
+    while slot.lock().unwrap().is_none() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    slot.lock().unwrap().take()
 }
