@@ -34,9 +34,9 @@
 //! `G` or lower was stored before the snapshot: it is in the snapshot, or
 //! older than the topic's message there, or was cleared; the subscription
 //! skips any live message numbered `G` or lower (the mailbox checks it on
-//! push; a handler's sink before calling the handler; a skipped handler
-//! delivery counts as delivered, since it was, in the snapshot): no
-//! duplicate, nothing older.
+//! push; a handler's sink before calling the handler; a skipped delivery
+//! is counted nowhere, since the snapshot's call or push was counted): no
+//! duplicate, nothing older, and `Stats::delivered` counts the one call.
 //!
 //! A retained publish that finds a lossless stream full is refused
 //! (`Error::Full`) before it is numbered: it stores nothing, so no later
@@ -92,7 +92,9 @@ use crate::dispatch::{deliver_now, start_drains, Ordered, OrderedSink};
 use crate::error::{Error, Rejected};
 use crate::handles::{Receiver, Subscription};
 use crate::message::{Message, Metadata};
-use crate::registry::entry::{BoxFuture, EntryControl, HandlerEntry, Sink, Subscriber, Tracked};
+use crate::registry::entry::{
+    BoxFuture, EntryControl, HandlerEntry, Outcome, Settled, Sink, Subscriber, Tracked,
+};
 use crate::registry::mailbox::{Mailbox, Reserve};
 use crate::registry::quiesce::{QueuedBehind, Running};
 use crate::registry::room::DeferWakes;
@@ -503,10 +505,17 @@ impl<T, S> Primed<T, S> {
     }
 }
 
+impl<T, S> Primed<T, S> {
+    /// Whether `message` is a live copy of a retained publish the snapshot
+    /// delivered (or of an older one): not delivered again.
+    fn in_snapshot(&self, message: &Message<T>) -> bool {
+        message.seq() != 0 && message.seq() <= self.after
+    }
+}
+
 impl<T: Send + Sync, S: Sink<T>> Sink<T> for Primed<T, S> {
     fn deliver(&self, message: &Arc<Message<T>>) -> Option<BoxFuture> {
-        if message.seq() != 0 && message.seq() <= self.after {
-            // A duplicate of (or older than) what the snapshot delivered.
+        if self.in_snapshot(message) {
             return None;
         }
         if !self.ready.load(Ordering::Acquire) {
@@ -517,6 +526,28 @@ impl<T: Send + Sync, S: Sink<T>> Sink<T> for Primed<T, S> {
             }
         }
         self.inner.deliver(message)
+    }
+
+    /// A publish's job: as [`Self::deliver`], except that a live copy of a
+    /// snapshot's message settles as no delivery (the snapshot's call was
+    /// counted), rather than as one more delivered.
+    fn deliver_at(
+        &self,
+        message: &Arc<Message<T>>,
+        _position: u64,
+        settled: &mut Settled,
+    ) -> Option<BoxFuture> {
+        if self.in_snapshot(message) {
+            settled.settle(Outcome::default());
+            return None;
+        }
+        self.deliver(message)
+    }
+
+    /// A live copy of a snapshot's message is not lost when its job is
+    /// refused: the snapshot delivered it.
+    fn discard_at(&self, message: &Message<T>, _position: u64) -> Option<Outcome> {
+        self.in_snapshot(message).then(Outcome::default)
     }
 }
 

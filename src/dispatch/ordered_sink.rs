@@ -95,7 +95,8 @@ pub(crate) struct OrderedSink<T, H> {
 enum Call {
     Delivered,
     Panicked,
-    /// Not made: the subscription left.
+    /// Not made: the subscription left, or the message was in its
+    /// snapshot (whose call was counted).
     Skipped,
     Dropped,
 }
@@ -374,8 +375,8 @@ where
             return Call::Skipped;
         }
         if self.in_snapshot(message) {
-            // Delivered, as far as this publish is concerned.
-            return Call::Delivered;
+            // The snapshot's call ran it, and was counted.
+            return Call::Skipped;
         }
         match catch_unwind(AssertUnwindSafe(|| (self.handler)(message))) {
             Ok(()) => Call::Delivered,
@@ -455,7 +456,7 @@ where
             tally.add(if !self.active.load(Ordering::Acquire) {
                 Call::Skipped
             } else if self.in_snapshot(message) {
-                Call::Delivered
+                Call::Skipped
             } else {
                 Call::Dropped
             });
