@@ -1009,3 +1009,83 @@ async fn taken_within<R>(slot: &std::sync::Mutex<Option<R>>, within: Duration) -
     }
     slot.lock().unwrap().take()
 }
+
+/// `TaskPerSubscriber` under the default `Wait`: publishers on every thread
+/// of the runtime wait for room in a lane whose server, a publisher thread
+/// outside the runtime, finishes an async handler's future in place at the
+/// task cap; the future awaits a timer, which only the runtime's threads
+/// drive. A stalled publisher with nothing queued to serve now runs its own
+/// job. Found by the thirty-second session's random API test: the
+/// publishers never returned (in the first three rounds of four runs).
+#[test]
+fn wait_in_task_mode_does_not_deadlock_on_an_async_handlers_timer() {
+    for round in 0..20 {
+        assert!(
+            timer_handler_round(2, 200, Duration::from_secs(10)),
+            "round {round}: the publishers were still blocked in publish after 10 s"
+        );
+    }
+}
+
+/// One round: a `TaskPerSubscriber` bus with one lane and two task slots,
+/// an async handler that sleeps, a publisher thread outside the runtime and
+/// `runtime_publishers` publisher tasks. `false` if the publishers did not
+/// all return within `limit` (the stuck threads and runtime are left).
+fn timer_handler_round(runtime_publishers: usize, per: u32, limit: Duration) -> bool {
+    let rt = common::runtime(runtime_publishers);
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::TaskPerSubscriber)
+        .overflow(Overflow::Wait)
+        .workers(1)
+        .max_inflight_tasks(2)
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let _sub = {
+        let calls = Arc::clone(&calls);
+        bus.subscribe_async("t", move |_m: Arc<Message<u32>>| {
+            let calls = Arc::clone(&calls);
+            async move {
+                tokio::time::sleep(Duration::from_micros(300)).await;
+                calls.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .unwrap()
+    };
+    let (done_tx, done) = std::sync::mpsc::channel();
+    for _ in 0..runtime_publishers {
+        let (bus, done_tx) = (bus.clone(), done_tx.clone());
+        rt.spawn(async move {
+            for n in 0..per {
+                bus.publish("t", n).unwrap();
+            }
+            let _ = done_tx.send(());
+        });
+    }
+    {
+        let (bus, done_tx) = (bus.clone(), done_tx.clone());
+        std::thread::spawn(move || {
+            for n in 0..per {
+                bus.publish("t", n).unwrap();
+            }
+            let _ = done_tx.send(());
+        });
+    }
+    let deadline = std::time::Instant::now() + limit;
+    for _ in 0..=runtime_publishers {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if done.recv_timeout(left).is_err() {
+            std::mem::forget(rt);
+            return false;
+        }
+    }
+    rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), bus.close()).await })
+        .expect("close hung")
+        .expect("close");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        (runtime_publishers as u64 + 1) * u64::from(per)
+    );
+    true
+}

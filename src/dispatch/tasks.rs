@@ -27,8 +27,12 @@
 //! - under `Overflow::Wait` (the default), serves the lane itself down to
 //!   half its capacity if nobody serves it, and otherwise waits for room,
 //!   serving beside the lane's server once that has started nothing for
-//!   [`STALL`] (a stuck handler). A publish made from inside a handler, or
-//!   once the bus is closing, never waits: it runs its job itself.
+//!   [`STALL`] (a stuck handler), or, if what fills the lane is all held
+//!   by that server, running its own job: the server may be stuck on this
+//!   very thread (an async handler finished in place awaits a timer of the
+//!   runtime whose threads are all publishers waiting for room). A publish
+//!   made from inside a handler, or once the bus is closing, never waits:
+//!   it runs its job itself.
 //! - under `CallerRuns`, runs its job itself;
 //! - under `Drop` and `Error`, counts its deliveries as dropped.
 //!
@@ -154,8 +158,17 @@ impl<T: Send + Sync + 'static> Tasks<T> {
                         caller_runs(&job, &mut TaskModeRunner::new(env, Place::Publisher), env);
                         return 0;
                     }
-                    if serving == 0 || !lane.wait_for_room(started, STALL) {
-                        self.serve(lane, lane.capacity() / 2, env);
+                    if (serving == 0 || !lane.wait_for_room(started, STALL))
+                        && !self.serve(lane, lane.capacity() / 2, env)
+                        && serving > 0
+                    {
+                        // Stalled, and nothing queued to take: what fills
+                        // the lane is held by a server stuck in a handler,
+                        // which may be waiting for this very thread (a
+                        // timer of the runtime this publisher is a thread
+                        // of). Waiting on could never end.
+                        caller_runs(&job, &mut TaskModeRunner::new(env, Place::Publisher), env);
+                        return 0;
                     }
                 }
             }
@@ -163,14 +176,16 @@ impl<T: Send + Sync + 'static> Tasks<T> {
     }
 
     /// Serves `lane` on this thread while more than `until` publishes are
-    /// queued.
-    fn serve(&self, lane: &Arc<Lane<T>>, until: usize, env: &Arc<Env>) {
+    /// queued; `false` if there was nothing to take.
+    fn serve(&self, lane: &Arc<Lane<T>>, until: usize, env: &Arc<Env>) -> bool {
         lane.other_begins();
         let mut runner = TaskModeRunner::new(env, Place::Publisher);
         let mut finished = 0;
+        let mut ran = false;
         loop {
             match lane.next(Server::Other, until, finished) {
                 Next::Work(work) => {
+                    ran = true;
                     env.counters.caller_ran();
                     let mut tally = Tally::default();
                     work.run(env, &mut runner, &mut tally);
@@ -182,7 +197,7 @@ impl<T: Send + Sync + 'static> Tasks<T> {
                     if start_task {
                         self.start_task(lane, env, None);
                     }
-                    return;
+                    return ran;
                 }
             }
         }
