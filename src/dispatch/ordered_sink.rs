@@ -453,13 +453,14 @@ where
             true
         });
         if noted {
-            tally.add(if !self.active.load(Ordering::Acquire) {
-                Call::Skipped
-            } else if self.in_snapshot(message) {
-                Call::Skipped
-            } else {
-                Call::Dropped
-            });
+            // Not lost if the subscription left, or if its snapshot ran it.
+            tally.add(
+                if !self.active.load(Ordering::Acquire) || self.in_snapshot(message) {
+                    Call::Skipped
+                } else {
+                    Call::Dropped
+                },
+            );
         }
         Some(tally)
     }
