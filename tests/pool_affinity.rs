@@ -61,27 +61,49 @@ fn subscribe_all(bus: &Bus<u32>, topic: &str) -> (Seen, Vec<blazesub::Subscripti
 /// 20 bursts this test first asked for failed once in about thirty full
 /// runs on a quiet machine. Workers taking any publish put about half on
 /// each (the shared queue this replaced: 60%).
-fn home_of(topic: &str, seen: &Seen) -> ThreadId {
+fn home_of(topic: &str, seen: &Seen) -> Result<ThreadId, String> {
     let mut homes = HashMap::<ThreadId, usize>::new();
     for (index, threads) in seen.iter().enumerate() {
         let threads = threads.lock().unwrap();
         let total: u32 = threads.values().sum();
         let (&home, &most) = threads.iter().max_by_key(|(_, &n)| n).unwrap();
         assert_eq!(total, BURSTS * BURST, "{topic}: subscription {index}");
-        assert!(
-            most * 100 >= total * 85,
-            "{topic}: subscription {index} ran on {} threads, at most {most} of {total} on one",
-            threads.len()
-        );
+        if most * 100 < total * 85 {
+            return Err(format!(
+                "{topic}: subscription {index} ran on {} threads, at most {most} of {total} on one",
+                threads.len()
+            ));
+        }
         *homes.entry(home).or_default() += 1;
     }
-    assert_eq!(homes.len(), 1, "{topic}: one home for all: {homes:?}");
-    homes.into_keys().next().unwrap()
+    if homes.len() != 1 {
+        return Err(format!("{topic}: one home for all: {homes:?}"));
+    }
+    Ok(homes.into_keys().next().unwrap())
 }
 
+/// A machine busy with other work (a build beside the tests) runs a home
+/// worker late often enough to have it taken over more than a burst's
+/// share: three tries, each on a fresh pool, and the first that keeps
+/// every subscription home passes. Without homes every try puts about
+/// half on each worker.
 #[test]
 fn a_topic_stays_on_its_home_worker_and_two_topics_on_two() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut tries = Vec::new();
+    for _ in 0..3 {
+        match homes_of_two_busy_topics() {
+            Ok(()) => return,
+            Err(why) => tries.push(why),
+        }
+    }
+    panic!("no try kept the topics home: {tries:#?}");
+}
+
+/// One try: 40 bursts of 100 publishes to each of two topics, queued whole
+/// behind a held pool; `Err` if a subscription ran less than 85% on its
+/// topic's home worker, or the topics share one.
+fn homes_of_two_busy_topics() -> Result<(), String> {
     let bus = Bus::<u32>::builder()
         .delivery(DeliveryMode::WorkerPool)
         .workers(2)
@@ -118,11 +140,11 @@ fn a_topic_stays_on_its_home_worker_and_two_topics_on_two() {
         current.open();
         assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
     }
-    assert_ne!(
-        home_of("a", &a),
-        home_of("b", &b),
-        "two topics, two workers"
-    );
+    let (home_a, home_b) = (home_of("a", &a)?, home_of("b", &b)?);
+    if home_a == home_b {
+        return Err(format!("two topics, one worker: {home_a:?}"));
+    }
+    Ok(())
 }
 
 #[test]
