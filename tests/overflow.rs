@@ -936,78 +936,108 @@ fn lane_without_a_task_slot_reports_its_own_drops() {
 /// the publisher's thread; `WorkerPool`: on the worker), returns once
 /// everything else has drained. The rest of that publish's deliveries wait
 /// behind the handler on the same stack, so they are its caller's, not
-/// something to wait for. Found by the thirty-first session's random API
-/// test: `close` waited for them and timed out.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn close_from_an_async_handler_finished_in_place_at_the_task_cap_returns() {
+/// something to wait for. Every way there: `close` first awaited in the
+/// handler's first poll (before its future was found pending) or in a
+/// later one, and a publisher that is a runtime task (`block_in_place`) or
+/// a plain thread (`block_on`). Found by the thirty-first session's random
+/// API test (`CloseTimeout` with 2 in flight); the first-poll case by the
+/// thirty-second session's review of its own fix.
+#[test]
+fn close_from_an_async_handler_finished_in_place_at_the_task_cap_returns() {
     for mode in [DeliveryMode::WorkerPool, DeliveryMode::Inline] {
-        let bus = Bus::<u32>::builder()
-            .delivery(mode)
-            .max_inflight_tasks(1)
-            .close_timeout(Duration::from_secs(3))
-            .build()
-            .unwrap();
-        // Holds the one task slot for a while (its first poll is pending):
-        // `close` must wait for it.
-        let slept = Arc::new(AtomicU64::new(0));
-        let _slot_holder = {
-            let slept = Arc::clone(&slept);
-            bus.subscribe_async("#", move |_m: Arc<Message<u32>>| {
-                let slept = Arc::clone(&slept);
-                async move {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    slept.fetch_add(1, Ordering::SeqCst);
-                }
-            })
-            .unwrap()
-        };
-        type Closed = Option<(Result<(), Error>, u64)>;
-        let result: Arc<std::sync::Mutex<Closed>> = Arc::default();
-        let _closer = {
-            let (bus, result, slept) = (bus.clone(), Arc::clone(&result), Arc::clone(&slept));
-            bus.clone()
-                .subscribe_async("z/close", move |_m: Arc<Message<u32>>| {
-                    let (bus, result, slept) =
-                        (bus.clone(), Arc::clone(&result), Arc::clone(&slept));
-                    async move {
-                        // Pending at its first poll: finished in place.
-                        tokio::task::yield_now().await;
-                        let closed = bus.close().await;
-                        *result.lock().unwrap() = Some((closed, slept.load(Ordering::SeqCst)));
-                    }
-                })
-                .unwrap()
-        };
-        let after = Arc::new(AtomicU64::new(0));
-        let _after = {
-            let after = Arc::clone(&after);
-            bus.subscribe("#", move |_m| {
-                after.fetch_add(1, Ordering::SeqCst);
-            })
-            .unwrap()
-        };
-        bus.publish("z/close", 1).unwrap();
-        let closed = taken_within(&result, Duration::from_secs(10)).await;
-        assert!(
-            matches!(closed, Some((Ok(()), 1))),
-            "{mode:?}: close() from the handler, and whether it waited for the other handler: {closed:?}"
-        );
-        assert!(wait_until(Duration::from_secs(10), || after
-            .load(Ordering::SeqCst)
-            == 1));
-        assert!(wait_until(Duration::from_secs(10), || bus
-            .inflight_messages()
-            == 0));
+        for yield_first in [true, false] {
+            for from_a_task in [true, false] {
+                let (closed, after_ran) = close_in_place_round(mode, yield_first, from_a_task);
+                assert!(
+                    matches!(closed, Some((Ok(()), 1))) && after_ran,
+                    "{mode:?}, yield first: {yield_first}, publisher a task: {from_a_task}: \
+                     close() from the handler, and whether it waited for the other \
+                     handler: {closed:?}; the handler behind it ran: {after_ran}"
+                );
+            }
+        }
     }
 }
 
-/// What a handler left in `slot`, once it did, or `None` after `within`.
-async fn taken_within<R>(slot: &std::sync::Mutex<Option<R>>, within: Duration) -> Option<R> {
-    let deadline = std::time::Instant::now() + within;
-    while slot.lock().unwrap().is_none() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    slot.lock().unwrap().take()
+/// What `close` returned in a handler, with another handler's count then.
+type Closed = Option<(Result<(), Error>, u64)>;
+
+/// One round of the test above: what `close` returned with the slot
+/// holder's count when it did, and whether the sync handler behind the
+/// closer ran.
+fn close_in_place_round(
+    mode: DeliveryMode,
+    yield_first: bool,
+    from_a_task: bool,
+) -> (Closed, bool) {
+    let rt = common::runtime(2);
+    let bus = Bus::<u32>::builder()
+        .delivery(mode)
+        .max_inflight_tasks(1)
+        .close_timeout(Duration::from_secs(3))
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap();
+    // Holds the one task slot for a while (its first poll is pending):
+    // `close` must wait for it.
+    let slept = Arc::new(AtomicU64::new(0));
+    let _slot_holder = {
+        let slept = Arc::clone(&slept);
+        bus.subscribe_async("#", move |_m: Arc<Message<u32>>| {
+            let slept = Arc::clone(&slept);
+            async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                slept.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .unwrap()
+    };
+    let result: Arc<std::sync::Mutex<Closed>> = Arc::default();
+    let _closer = {
+        let (bus, result, slept) = (bus.clone(), Arc::clone(&result), Arc::clone(&slept));
+        bus.clone()
+            .subscribe_async("z/close", move |_m: Arc<Message<u32>>| {
+                let (bus, result, slept) = (bus.clone(), Arc::clone(&result), Arc::clone(&slept));
+                async move {
+                    if yield_first {
+                        tokio::task::yield_now().await;
+                    }
+                    // Pending at its first poll either way: finished in place.
+                    let closed = bus.close().await;
+                    *result.lock().unwrap() = Some((closed, slept.load(Ordering::SeqCst)));
+                }
+            })
+            .unwrap()
+    };
+    let after = Arc::new(AtomicU64::new(0));
+    let _after = {
+        let after = Arc::clone(&after);
+        bus.subscribe("#", move |_m| {
+            after.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap()
+    };
+    let publisher = if from_a_task {
+        let bus = bus.clone();
+        let task = rt.spawn(async move { bus.publish("z/close", 1) });
+        let handle = rt.handle().clone();
+        std::thread::spawn(move || handle.block_on(task).unwrap())
+    } else {
+        let bus = bus.clone();
+        std::thread::spawn(move || bus.publish("z/close", 1))
+    };
+    let closed = rt.block_on(taken_within(&result, Duration::from_secs(10)));
+    let after_ran = wait_until(Duration::from_secs(10), || {
+        after.load(Ordering::SeqCst) == 1
+    });
+    assert!(
+        matches!(publisher.join(), Ok(Ok(3))),
+        "the publish matched 3"
+    );
+    assert!(wait_until(Duration::from_secs(10), || bus
+        .inflight_messages()
+        == 0));
+    (closed, after_ran)
 }
 
 /// `TaskPerSubscriber` under the default `Wait`: publishers on every thread
@@ -1088,4 +1118,13 @@ fn timer_handler_round(runtime_publishers: usize, per: u32, limit: Duration) -> 
         (runtime_publishers as u64 + 1) * u64::from(per)
     );
     true
+}
+
+/// What a handler left in `slot`, once it did, or `None` after `within`.
+async fn taken_within<R>(slot: &std::sync::Mutex<Option<R>>, within: Duration) -> Option<R> {
+    let deadline = std::time::Instant::now() + within;
+    while slot.lock().unwrap().is_none() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    slot.lock().unwrap().take()
 }

@@ -1013,3 +1013,72 @@ fn a_skipped_live_copy_of_the_snapshot_is_not_counted_as_delivered() {
         }
     }
 }
+
+/// `close()` awaited in an async handler's retained-snapshot delivery,
+/// finished in place on the subscribing thread because another delivery
+/// holds the only task slot, returns once that other delivery finished:
+/// the snapshot's delivery is its caller, not something to wait for.
+/// Found by the thirty-second session's review (`CloseTimeout`, inflight 1,
+/// in every mode: the delivery was not counted as the stack's own).
+#[test]
+fn close_from_a_snapshot_delivery_finished_in_place_returns() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = Bus::<u64>::builder()
+            .delivery(mode)
+            .workers(2)
+            .max_inflight_tasks(1)
+            .close_timeout(Duration::from_secs(3))
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap();
+        bus.publish_retained("r", 1).unwrap();
+        assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+        // Holds the one task slot for a while: `close` must wait for it.
+        let slept = Arc::new(AtomicU64::new(0));
+        let _slot_holder = {
+            let slept = Arc::clone(&slept);
+            bus.subscribe_async("h", move |_m: Arc<Message<u64>>| {
+                let slept = Arc::clone(&slept);
+                async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    slept.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+            .unwrap()
+        };
+        bus.publish("h", 0).unwrap();
+        assert!(wait_until(LIMIT, || bus.inflight_messages() == 1));
+        type Closed = Option<(Result<(), Error>, u64)>;
+        let result: Arc<Mutex<Closed>> = Arc::default();
+        // From a plain thread: the snapshot's delivery, pending at its first
+        // poll, finds no slot and is finished in place (`block_on`).
+        let subscriber = {
+            let (bus, result, slept) = (bus.clone(), Arc::clone(&result), Arc::clone(&slept));
+            std::thread::spawn(move || {
+                let inner = bus.clone();
+                bus.subscribe_async("r", move |_m: Arc<Message<u64>>| {
+                    let (bus, result, slept) =
+                        (inner.clone(), Arc::clone(&result), Arc::clone(&slept));
+                    async move {
+                        tokio::task::yield_now().await;
+                        let closed = bus.close().await;
+                        *result.lock().unwrap() = Some((closed, slept.load(Ordering::SeqCst)));
+                    }
+                })
+                .map(drop)
+            })
+        };
+        assert!(wait_until(Duration::from_secs(10), || result
+            .lock()
+            .unwrap()
+            .is_some()));
+        let closed = result.lock().unwrap().take();
+        assert!(
+            matches!(closed, Some((Ok(()), 1))),
+            "{mode:?}: close() in the snapshot's delivery, and whether it waited for the other handler: {closed:?}"
+        );
+        subscriber.join().unwrap().unwrap();
+        assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+    }
+}

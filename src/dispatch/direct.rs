@@ -20,6 +20,7 @@ use super::pending::{self, Handed, Place};
 use super::{report_panic, Env};
 use crate::message::Message;
 use crate::registry::entry::Sink;
+use crate::registry::quiesce::{self, Quiescence};
 use crate::stats::Tally;
 
 /// Delivers `message` to `sink` now, on this thread, and counts it.
@@ -37,9 +38,12 @@ pub(crate) fn deliver_now<T: Send + Sync + 'static>(
             Some(future) => match env.counters.begin_publish() {
                 Ok(mut admitted) => {
                     admitted.accept(1);
-                    if let Handed::Back(future) =
-                        pending::settle(future, env, Place::Publisher, &mut tally)
-                    {
+                    // Held by this stack while it is settled: finished in
+                    // place, a `close` awaited in it must not wait for it.
+                    let held = HeldHere::one(&env.quiescence);
+                    let handed = pending::settle(future, env, Place::Publisher, &mut tally);
+                    drop(held);
+                    if let Handed::Back(future) = handed {
                         // Only a task runner gets a future back; finish it here.
                         drop(future);
                         tally.dropped += 1;
@@ -58,4 +62,21 @@ pub(crate) fn deliver_now<T: Send + Sync + 'static>(
         }
     }
     env.counters.add(&tally);
+}
+
+/// One delivery held by this thread's stack (see `quiesce::held_here`),
+/// until dropped, even by a panic.
+struct HeldHere<'a>(&'a Quiescence);
+
+impl<'a> HeldHere<'a> {
+    fn one(quiescence: &'a Quiescence) -> Self {
+        quiesce::hold(quiescence, 1);
+        Self(quiescence)
+    }
+}
+
+impl Drop for HeldHere<'_> {
+    fn drop(&mut self) {
+        quiesce::unhold(self.0, 1);
+    }
 }

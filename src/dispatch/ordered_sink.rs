@@ -50,7 +50,9 @@
 //!   `pending` held by its subscriber, who runs the snapshot's messages and
 //!   then hands back like any runner, catching up on what arrived meanwhile.
 //!   A live copy of a retained message the snapshot held (numbered at or
-//!   below its `after`) is not run again, and counts as delivered.
+//!   below its `after`) is not run again, and not counted again (the
+//!   snapshot's call was). One the log pushed out before a runner read it
+//!   is counted as dropped: its number went with it.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};

@@ -140,10 +140,11 @@ struct Frame {
     key: usize,
     /// Its bus's [`Quiescence::id`].
     bus: u64,
-    /// Set when this poll returns, for a `close` called inside it (see
-    /// [`caller_here`]); made only by such a call. Never set for a
-    /// delivery being finished in place: its poll returning does not let
-    /// the stack below it go on.
+    /// Set when this poll returns, for a `close` called inside it or in
+    /// an earlier poll of the same delivery (see [`caller_here`]); made
+    /// only by such a call. Never set for a delivery being finished in
+    /// place, and cleared when one starts to be: its poll returning does
+    /// not let the stack below it go on.
     ended: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// Whether this delivery is being finished in place (see
     /// [`finishing_in_place`]).
@@ -435,14 +436,24 @@ impl Running {
         async move {
             let (key, bus) = (done.0.key(), done.0.bus);
             let mut future = pin!(future);
+            // The end mark of a `close` called in an earlier poll of this
+            // delivery, carried from poll to poll.
+            let mut ended: Option<Arc<std::sync::atomic::AtomicBool>> = None;
             std::future::poll_fn(|cx| {
                 POLLING.with(|polling| {
                     let mut polling = polling.borrow_mut();
                     let in_place = IN_PLACE.with(Cell::get) == polling.len() + 1;
+                    if in_place {
+                        if let Some(ended) = &ended {
+                            // Its first poll returned and let the stack go
+                            // on; now the stack blocks on it again.
+                            ended.store(false, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    }
                     polling.push(Frame {
                         key,
                         bus,
-                        ended: None,
+                        ended: ended.take(),
                         in_place,
                         behind: done.0.behind.get().cloned(),
                     })
@@ -456,6 +467,7 @@ impl Running {
                 }
                 let _unmark = Unmark {
                     held: outside.then_some(bus),
+                    ended: &mut ended,
                 };
                 future.as_mut().poll(cx)
             })
@@ -486,20 +498,24 @@ impl Running {
     }
 }
 
-/// Pops this thread's "being polled" mark, even if the poll panics.
-struct Unmark {
+/// Pops this thread's "being polled" mark, even if the poll panics, and
+/// keeps its end mark for the delivery's next poll.
+struct Unmark<'a> {
     /// The bus whose delivery this poll held, if it did.
     held: Option<u64>,
+    ended: &'a mut Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
-impl Drop for Unmark {
+impl Drop for Unmark<'_> {
     fn drop(&mut self) {
         let frame = POLLING.with(|polling| polling.borrow_mut().pop());
-        if let Some(ended) = frame
-            .filter(|frame| !frame.in_place)
-            .and_then(|frame| frame.ended)
-        {
-            ended.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(frame) = frame {
+            if let Some(ended) = frame.ended {
+                if !frame.in_place {
+                    ended.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                *self.ended = Some(ended);
+            }
         }
         if let Some(bus) = self.held {
             change_own(bus, |own| own.held = own.held.saturating_sub(1));
