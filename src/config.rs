@@ -87,7 +87,9 @@ pub enum Overflow {
     /// publisher waits only while the lane's task runs elsewhere, and runs
     /// the lane's queued work itself when nobody runs it (its task may be
     /// waiting for the very thread the publisher is on) or when it has
-    /// started nothing for a millisecond.
+    /// started nothing for a millisecond; in that last case, with no more
+    /// than half the lane queued (the rest held by the stalled server), it
+    /// runs its own publish's work instead.
     ///
     /// Where waiting could deadlock, the publisher runs the unit of work
     /// itself, as under [`Overflow::CallerRuns`]: on a pool worker or inside

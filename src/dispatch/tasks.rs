@@ -27,12 +27,13 @@
 //! - under `Overflow::Wait` (the default), serves the lane itself down to
 //!   half its capacity if nobody serves it, and otherwise waits for room,
 //!   serving beside the lane's server once that has started nothing for
-//!   [`STALL`] (a stuck handler), or, if what fills the lane is all held
-//!   by that server, running its own job: the server may be stuck on this
-//!   very thread (an async handler finished in place awaits a timer of the
-//!   runtime whose threads are all publishers waiting for room). A publish
-//!   made from inside a handler, or once the bus is closing, never waits:
-//!   it runs its job itself.
+//!   [`STALL`] (a stuck handler), down to half the lane, or, with no more
+//!   than half of it queued (the rest held by that server), running its
+//!   own job: the server may be stuck on this very thread (an async
+//!   handler finished in place awaits a timer of the runtime whose threads
+//!   are all publishers waiting for room). A publish made from inside a
+//!   handler, or once the bus is closing, never waits: it runs its job
+//!   itself.
 //! - under `CallerRuns`, runs its job itself;
 //! - under `Drop` and `Error`, counts its deliveries as dropped.
 //!
