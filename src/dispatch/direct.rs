@@ -5,8 +5,9 @@
 //!
 //! # Contract
 //! - The delivery runs inside a runner bracket of the bus's
-//!   [`Quiescence`](crate::registry::quiesce::Quiescence), so
-//!   `unsubscribe_and_wait` waits for it like any other.
+//!   [`Quiescence`], so `unsubscribe_and_wait` waits for it like any
+//!   other; an async one finished in place counts as held by this stack
+//!   (a `close` awaited in it does not wait for it).
 //! - It is counted like any other: delivered, or a caught panic. An async
 //!   handler's future still pending after its first poll is accepted as in
 //!   flight and continues as the overflow policy says for a publisher
