@@ -1022,7 +1022,7 @@ fn a_skipped_live_copy_of_the_snapshot_is_not_counted_as_delivered() {
 /// in every mode: the delivery was not counted as the stack's own).
 #[test]
 fn close_from_a_snapshot_delivery_finished_in_place_returns() {
-    for mode in MODES {
+    for (mode, yield_first) in MODES.into_iter().flat_map(|m| [(m, true), (m, false)]) {
         let rt = runtime(2);
         let bus = Bus::<u64>::builder()
             .delivery(mode)
@@ -1061,7 +1061,9 @@ fn close_from_a_snapshot_delivery_finished_in_place_returns() {
                     let (bus, result, slept) =
                         (inner.clone(), Arc::clone(&result), Arc::clone(&slept));
                     async move {
-                        tokio::task::yield_now().await;
+                        if yield_first {
+                            tokio::task::yield_now().await;
+                        }
                         let closed = bus.close().await;
                         *result.lock().unwrap() = Some((closed, slept.load(Ordering::SeqCst)));
                     }
@@ -1069,16 +1071,46 @@ fn close_from_a_snapshot_delivery_finished_in_place_returns() {
                 .map(drop)
             })
         };
-        assert!(wait_until(Duration::from_secs(10), || result
-            .lock()
-            .unwrap()
-            .is_some()));
+        assert!(
+            wait_until(Duration::from_secs(10), || result.lock().unwrap().is_some()),
+            "{mode:?}, yield first: {yield_first}: close() in the snapshot's delivery never returned"
+        );
         let closed = result.lock().unwrap().take();
         assert!(
             matches!(closed, Some((Ok(()), 1))),
-            "{mode:?}: close() in the snapshot's delivery, and whether it waited for the other handler: {closed:?}"
+            "{mode:?}, yield first: {yield_first}: close() in the snapshot's delivery, and whether it waited for the other handler: {closed:?}"
         );
         subscriber.join().unwrap().unwrap();
         assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+    }
+}
+
+/// An async handler that panics in its retained snapshot's delivery (in
+/// the first poll, on the subscribing thread) is caught and counted like
+/// any handler's panic: `subscribe_async` returns, and nothing stays in
+/// flight.
+#[test]
+fn a_panic_in_an_async_snapshot_delivery_is_caught_and_counted() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = bus_on(mode, &rt);
+        bus.publish_retained("r", 1).unwrap();
+        assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+        let subscribed = {
+            let bus = bus.clone();
+            std::thread::spawn(move || {
+                bus.subscribe_async("r", |_m: Arc<Message<u64>>| async {
+                    panic!("a handler's bug");
+                })
+                .map(drop)
+            })
+            .join()
+        };
+        assert!(
+            matches!(subscribed, Ok(Ok(()))),
+            "{mode:?}: subscribe_async returned"
+        );
+        assert!(wait_until(LIMIT, || bus.inflight_messages() == 0));
+        assert_eq!(bus.stats().handler_panics, 1, "{mode:?}");
     }
 }

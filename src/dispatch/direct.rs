@@ -9,9 +9,10 @@
 //!   other; an async one finished in place counts as held by this stack
 //!   (a `close` awaited in it does not wait for it).
 //! - It is counted like any other: delivered, or a caught panic. An async
-//!   handler's future still pending after its first poll is accepted as in
-//!   flight and continues as the overflow policy says for a publisher
-//!   (`pending.rs`), or, on a bus already closed, is dropped and counted.
+//!   handler's future is accepted as in flight before its first poll (on
+//!   a bus already closed it is dropped unpolled, and counted), and one
+//!   still pending then continues as the overflow policy says for a
+//!   publisher (`pending.rs`).
 //! - The caller holds no lock of the bus.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -34,28 +35,46 @@ pub(crate) fn deliver_now<T: Send + Sync + 'static>(
     let mut tally = Tally::default();
     match catch_unwind(AssertUnwindSafe(|| sink.deliver(message))) {
         Ok(None) => tally.delivered += 1,
-        Ok(Some(started)) => match pending::first_poll(started, env.handle.as_ref()) {
-            None => tally.delivered += 1,
-            Some(future) => match env.counters.begin_publish() {
-                Ok(mut admitted) => {
-                    admitted.accept(1);
-                    // Held by this stack while it is settled: finished in
-                    // place, a `close` awaited in it must not wait for it.
-                    let held = HeldHere::one(&env.quiescence);
-                    let handed = pending::settle(future, env, Place::Publisher, &mut tally);
-                    drop(held);
-                    if let Handed::Back(future) = handed {
-                        // Only a task runner gets a future back; finish it here.
-                        drop(future);
-                        tally.dropped += 1;
+        // In flight, and held by this stack, from before its first poll: a
+        // `close` awaited in it (at once, or once it is finished in place)
+        // does not wait for it, and the bus cannot close under it between
+        // its first poll and its admission.
+        Ok(Some(started)) => match env.counters.begin_publish() {
+            Ok(mut admitted) => {
+                admitted.accept(1);
+                let held = HeldHere::one(&env.quiescence);
+                let polled = catch_unwind(AssertUnwindSafe(|| {
+                    pending::first_poll(started, env.handle.as_ref())
+                }));
+                match polled {
+                    Ok(None) => {
+                        tally.delivered += 1;
                         tally.finished += 1;
                     }
+                    Err(panic) => {
+                        tally.panics += 1;
+                        tally.finished += 1;
+                        report_panic(message.topic(), None, panic.as_ref());
+                    }
+                    Ok(Some(future)) => {
+                        if let Handed::Back(future) =
+                            pending::settle(future, env, Place::Publisher, &mut tally)
+                        {
+                            // Only a task runner gets a future back; finish
+                            // it here.
+                            drop(future);
+                            tally.dropped += 1;
+                            tally.finished += 1;
+                        }
+                    }
                 }
-                Err(_) => {
-                    drop(future);
-                    tally.dropped += 1;
-                }
-            },
+                drop(held);
+            }
+            Err(_) => {
+                // The bus closed meanwhile: never polled.
+                drop(started);
+                tally.dropped += 1;
+            }
         },
         Err(panic) => {
             tally.panics += 1;
