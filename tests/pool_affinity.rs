@@ -54,13 +54,15 @@ fn subscribe_all(bus: &Bus<u32>, topic: &str) -> (Seen, Vec<blazesub::Subscripti
 }
 
 /// The thread that ran most of `topic`'s deliveries, checked to have run at
-/// least 85% of every subscription's. Not all: a home worker that the
+/// least 70% of every subscription's. Not all: a home worker that the
 /// machine runs late for over a millisecond (woken late from the hold's
 /// gate, preempted) is rightly taken over, half its queue at a time, which
-/// costs its subscriptions up to a burst's share (1/40 here); the 90% of
-/// 20 bursts this test first asked for failed once in about thirty full
-/// runs on a quiet machine. Workers taking any publish put about half on
-/// each (the shared queue this replaced: 60%).
+/// costs its subscriptions up to a burst's share (1/40 here) each time. A
+/// quiet machine keeps 85-90% home (the 90% of 20 bursts this test first
+/// asked for failed once in about thirty full runs); two cores busy with
+/// builds and other tests beside it kept 75-83% (80% failed 85% in CI runs
+/// of the thirty-second session). Workers taking any publish put about
+/// half on each (the shared queue this replaced: 60%).
 fn home_of(topic: &str, seen: &Seen) -> Result<ThreadId, String> {
     let mut homes = HashMap::<ThreadId, usize>::new();
     for (index, threads) in seen.iter().enumerate() {
@@ -68,7 +70,7 @@ fn home_of(topic: &str, seen: &Seen) -> Result<ThreadId, String> {
         let total: u32 = threads.values().sum();
         let (&home, &most) = threads.iter().max_by_key(|(_, &n)| n).unwrap();
         assert_eq!(total, BURSTS * BURST, "{topic}: subscription {index}");
-        if most * 100 < total * 85 {
+        if most * 100 < total * 70 {
             return Err(format!(
                 "{topic}: subscription {index} ran on {} threads, at most {most} of {total} on one",
                 threads.len()
@@ -101,7 +103,7 @@ fn a_topic_stays_on_its_home_worker_and_two_topics_on_two() {
 }
 
 /// One try: 40 bursts of 100 publishes to each of two topics, queued whole
-/// behind a held pool; `Err` if a subscription ran less than 85% on its
+/// behind a held pool; `Err` if a subscription ran less than 70% on its
 /// topic's home worker, or the topics share one.
 fn homes_of_two_busy_topics() -> Result<(), String> {
     let bus = Bus::<u32>::builder()
