@@ -52,6 +52,9 @@ use crate::stream_options::StreamOverflow;
 use crate::sync::{AtomicBool, AtomicU64, Ordering, WakerSlot};
 use crate::topic::{split_shared, validate_filter, validate_topic};
 
+/// The first level of every reply topic.
+const REPLY_ROOT: &str = "$reply";
+
 /// The most replies a request's mailbox holds before the request takes
 /// them (its allocation: 64 KiB at 16 bytes a slot). Taken as they come, so
 /// only a burst from more than this many responders at once outruns it, and
@@ -79,7 +82,7 @@ impl Requests {
 
     fn reply_topic(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("$reply/{}/{n}", self.bus)
+        format!("{REPLY_ROOT}/{}/{n}", self.bus)
     }
 
     fn timer(&self) -> Result<&Timer, Error> {
@@ -263,7 +266,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// A responder answers with [`Bus::reply`]. Errors:
     /// [`Error::NoResponders`] at once if no subscription matched,
     /// [`Error::Timeout`] at the deadline, [`Error::Closed`] if the bus is
-    /// (or gets) closed first, and those of [`Bus::publish`].
+    /// (or gets) closed first, [`Error::InvalidArgument`] for a topic under
+    /// `$reply/` (where replies go), and those of [`Bus::publish`].
     ///
     /// Cancel-safe: dropping the future ends the request (its reply
     /// subscription is removed; a reply that comes later is counted in
@@ -394,6 +398,14 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 true
             }
         };
+        if topic.split('/').next() == Some(REPLY_ROOT) {
+            // It would reach the requests' own reply streams, its own first.
+            return Err(Error::InvalidArgument {
+                name: "topic",
+                value: topic.to_owned(),
+                reason: "is under $reply/, where replies go; a request cannot be sent there",
+            });
+        }
         self.check_open()?;
         self.check_depth(topic)?;
         let inner = &*self.inner;

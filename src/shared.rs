@@ -520,11 +520,19 @@ impl<T: Send + Sync + 'static> Registry for SharedGroups<T> {
                 // bounce back to their publisher, who passes them on.
                 entry.sink.leaving();
                 // The list no longer holds it, so each is passed to another
-                // member, bouncing (boundedly) off any whose mailbox closed:
-                // after `close`, every remaining one.
+                // member, bouncing (boundedly) off any whose mailbox closed.
+                // Admitted like a publish, so `close` waits for the hand-
+                // over; once the bus is closing, nothing is handed over (no
+                // handler is called after `close` returned): counted.
+                let admitted = self.env.counters.begin_publish();
                 while let Some(message) = entry.sink.take() {
-                    self.pass_on(&group, message, &self.env.counters);
+                    if admitted.is_ok() {
+                        self.pass_on(&group, message, &self.env.counters);
+                    } else {
+                        self.env.counters.dropped_now(1);
+                    }
                 }
+                drop(admitted);
             }
         }
         true

@@ -352,3 +352,49 @@ fn requests_work_without_a_runtime_timer() {
     assert!(started.elapsed() >= Duration::from_millis(30));
     drop(quiet);
 }
+
+/// A request to a topic or filter under `$reply/` is refused: it would
+/// reach the requests' own reply streams (its own first: with no responder
+/// it returned its own request as the reply; `$reply/+/+` handed 666 to
+/// another waiting request as that one's reply). Found by the
+/// thirty-second session's review.
+#[test]
+fn a_request_under_reply_is_refused_and_reaches_no_other_request() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = Bus::<u64>::builder()
+            .delivery(mode)
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            for topic in ["$reply/#", "$reply/+/+", "$reply/1/2", "$reply"] {
+                let refused = bus.request(topic, 7, Duration::from_millis(300)).await;
+                assert!(
+                    matches!(refused, Err(Error::InvalidArgument { name: "topic", .. })),
+                    "{mode:?} {topic}: {:?}",
+                    refused.map(|m| *m.data())
+                );
+            }
+            let _silent = bus.subscribe("rpc/slow", |_: &Message<u64>| {}).unwrap();
+            let waiting = tokio::spawn({
+                let bus = bus.clone();
+                async move { bus.request("rpc/slow", 1, Duration::from_millis(300)).await }
+            });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let many = bus
+                .request_many("$reply/+/+", 666, Duration::from_millis(50), 10)
+                .await;
+            assert!(
+                matches!(many, Err(Error::InvalidArgument { .. })),
+                "{mode:?}"
+            );
+            let theirs = waiting.await.unwrap();
+            assert!(
+                matches!(theirs, Err(Error::Timeout { .. })),
+                "{mode:?}: nobody replied, yet {:?}",
+                theirs.map(|m| *m.data())
+            );
+        });
+    }
+}

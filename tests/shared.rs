@@ -427,3 +427,52 @@ fn closing_ends_shared_streams_and_async_members_work() {
         assert!(bus.subscribe("$share/g/a", |_| {}).is_err());
     });
 }
+
+/// A shared stream member dropped after `close` returned does not hand its
+/// unread messages to a handler member of its group: no handler is called
+/// after `close` returned `Ok`; they are counted dropped, as with no
+/// handler member. Found by the thirty-second session's review (the
+/// handler was called twice more, `delivered` 2 to 4, in every mode).
+#[test]
+fn no_handler_member_is_called_after_close_returned() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = Bus::<u32>::builder()
+            .delivery(mode)
+            .workers(2)
+            .share_policy(SharePolicy::RoundRobin)
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap();
+        let handle = rt.handle().clone();
+        within(Duration::from_secs(30), &format!("{mode:?}"), move || {
+            let stream_member = bus.subscribe_stream("$share/g/t").unwrap();
+            let calls = Arc::new(AtomicU64::new(0));
+            let _handler_member = {
+                let calls = Arc::clone(&calls);
+                bus.subscribe("$share/g/t", move |_: &Message<u32>| {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap()
+            };
+            for i in 0..4 {
+                bus.publish("t", i).unwrap();
+            }
+            assert!(wait_until(Duration::from_secs(30), || bus
+                .inflight_messages()
+                == 0));
+            assert_eq!(stream_member.len(), 2, "{mode:?}: round robin");
+            handle.block_on(bus.close()).unwrap();
+            let (calls_at_close, delivered_at_close) =
+                (calls.load(Ordering::SeqCst), bus.stats().delivered);
+            drop(stream_member);
+            let stats = bus.stats();
+            assert_eq!(
+                (calls.load(Ordering::SeqCst), stats.delivered),
+                (calls_at_close, delivered_at_close),
+                "{mode:?}: a handler was called after close returned"
+            );
+            assert_eq!(stats.dropped, 2, "{mode:?}: the unread two are counted");
+        });
+    }
+}
