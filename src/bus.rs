@@ -959,6 +959,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let caller = quiesce::caller_here(&self.inner.env.quiescence);
         let inner = Arc::clone(&self.inner);
         inner.dispatcher.closing();
+        // No reply can come any more: waiting requests end now.
+        inner.requests.close();
         let closing = Arc::downgrade(&self.inner);
         inner.env.counters.close(move || {
             if let Some(inner) = closing.upgrade() {

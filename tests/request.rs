@@ -398,3 +398,59 @@ fn a_request_under_reply_is_refused_and_reaches_no_other_request() {
         });
     }
 }
+
+/// A request waiting when `close()` is called ends with `Error::Closed`
+/// then: no reply can come any more (`reply` is refused from that moment),
+/// even while another delivery keeps the bus from draining. Found by the
+/// thirty-second session's review: it waited out its own timeout and
+/// returned `Timeout` (about 1.95 s after `close` for a 2 s request).
+#[test]
+fn a_request_waiting_when_the_bus_closes_ends_with_closed() {
+    for mode in MODES {
+        let rt = runtime(2);
+        let bus = Bus::<u64>::builder()
+            .delivery(mode)
+            .workers(2)
+            .close_timeout(Duration::from_millis(300))
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap();
+        // Keeps the bus from draining (and `close` from finishing).
+        let gate = Arc::new(common::Gate::new());
+        let _stuck = {
+            let gate = Arc::clone(&gate);
+            bus.subscribe("stuck", move |_: &Message<u64>| gate.wait())
+                .unwrap()
+        };
+        let stuck = {
+            let bus = bus.clone();
+            std::thread::spawn(move || bus.publish("stuck", 0))
+        };
+        assert!(wait_until(Duration::from_secs(30), || bus
+            .inflight_messages()
+            == 1));
+        // A responder that never answers.
+        let _silent = bus.subscribe("rpc/x", |_: &Message<u64>| {}).unwrap();
+        let (closed, got) = rt.block_on(async {
+            let request = tokio::spawn({
+                let bus = bus.clone();
+                // Far longer than the test's limit: only the close ends it.
+                async move { bus.request("rpc/x", 1, Duration::from_secs(600)).await }
+            });
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let closed = bus.close().await;
+            let got = tokio::time::timeout(Duration::from_secs(30), request)
+                .await
+                .expect("the request still waited 30 s after close")
+                .unwrap();
+            (closed, got.map(|m| *m.data()))
+        });
+        gate.open();
+        stuck.join().unwrap().unwrap();
+        assert!(
+            matches!(closed, Err(Error::CloseTimeout { .. })),
+            "{mode:?}: {closed:?}"
+        );
+        assert!(matches!(got, Err(Error::Closed)), "{mode:?}: {got:?}");
+    }
+}
