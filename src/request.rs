@@ -286,6 +286,12 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// subscription is removed; a reply that comes later is counted in
     /// [`Stats::late_replies`](crate::Stats::late_replies)).
     ///
+    /// From a handler, make requests in an async handler
+    /// ([`Bus::subscribe_async`]): a sync handler that blocks its thread
+    /// until the reply comes holds a `WorkerPool` worker, and once every
+    /// worker is so held the request's own delivery waits behind them and
+    /// the request times out.
+    ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
     /// use blazesub::{Bus, Error};
