@@ -479,6 +479,11 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
         Some(result)
     }
 
+    /// The group of `filter` (a shared filter) now, if it has one.
+    fn group_of(&self, filter: &str) -> Option<Arc<Group<T>>> {
+        self.lock().by_filter.get(filter).cloned()
+    }
+
     /// Ends every stream member's mailbox (the bus closed or is gone), and
     /// refuses new members.
     pub(crate) fn close_streams(&self) {
@@ -563,6 +568,9 @@ struct MemberSink<T, S> {
     inner: S,
     state: Arc<MemberState>,
     group: Weak<Group<T>>,
+    /// The group's shared filter: where a member that joined after this
+    /// group emptied is found.
+    key: Arc<str>,
     shared: Weak<SharedGroups<T>>,
     counters: Arc<Counters>,
 }
@@ -630,10 +638,17 @@ impl<T: Send + Sync + 'static, S> MemberSink<T, S> {
     /// a push (counted when read) or a drop takes that count back.
     fn redirect(&self, message: &Arc<Message<T>>) -> Option<BoxFuture> {
         let counters = &self.counters;
-        let members = self
+        let mut members = self
             .group
             .upgrade()
             .map(|group| (group.members.load_full(), group));
+        if members.as_ref().is_none_or(|(list, _)| list.is_empty()) {
+            // This was the group's last member, and the group went with
+            // it: one that joined since is in the filter's group now.
+            if let Some(now) = self.shared.upgrade().and_then(|s| s.group_of(&self.key)) {
+                members = Some((now.members.load_full(), now));
+            }
+        }
         let picked = members
             .as_ref()
             .and_then(|(members, group)| group.pick(members, message.topic()));
@@ -694,6 +709,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
                     inner: sink,
                     state: Arc::clone(&state),
                     group: Arc::downgrade(group),
+                    key: Arc::clone(&filter),
                     shared: Arc::downgrade(shared),
                     counters: Arc::clone(&self.inner.env.counters),
                 },

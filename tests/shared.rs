@@ -476,3 +476,52 @@ fn no_handler_member_is_called_after_close_returned() {
         });
     }
 }
+
+/// Deliveries queued for a group's last handler member, which leaves before
+/// they start while a new member joins, go to the new member: a redirect
+/// finds the filter's group as it is now, not only the one the old member
+/// was in (which went when it emptied). Found by the thirty-second
+/// session's review: all 5 were counted dropped.
+#[test]
+fn deliveries_of_a_replaced_last_member_go_to_its_replacement() {
+    let rt = runtime(2);
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::WorkerPool)
+        .workers(1)
+        .share_policy(SharePolicy::RoundRobin)
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap();
+    within(Duration::from_secs(30), "a replaced member", move || {
+        // The only worker is held here until the gate opens.
+        let gate = Arc::new(common::Gate::new());
+        let _blocker = {
+            let gate = Arc::clone(&gate);
+            bus.subscribe("block", move |_: &Message<u32>| gate.wait())
+                .unwrap()
+        };
+        bus.publish("block", 0).unwrap();
+        let old = bus.subscribe("$share/g/t", |_: &Message<u32>| {}).unwrap();
+        let queued: usize = (0..5).map(|i| bus.publish("t", i).unwrap()).sum();
+        assert_eq!(queued, 5);
+        // Replaced before any of the five has started.
+        old.unsubscribe();
+        let hits = Arc::new(AtomicU64::new(0));
+        let _new = {
+            let hits = Arc::clone(&hits);
+            bus.subscribe("$share/g/t", move |_: &Message<u32>| {
+                hits.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap()
+        };
+        gate.open();
+        assert!(wait_until(Duration::from_secs(30), || bus
+            .inflight_messages()
+            == 0));
+        assert_eq!(
+            (hits.load(Ordering::SeqCst), bus.stats().dropped),
+            (5, 0),
+            "the replacement got them, none dropped"
+        );
+    });
+}
