@@ -36,6 +36,25 @@ fn threads(prefix: &str) -> usize {
         .count()
 }
 
+/// The count of `prefix` threads to compare against at the end of a test:
+/// it first gives threads a previous test's buses left to end time to end,
+/// since a thread that ended after this count was taken would hide one of
+/// this test's that did not.
+fn baseline(prefix: &str) -> usize {
+    wait_until(Duration::from_secs(5), || threads(prefix) == 0);
+    threads(prefix)
+}
+
+/// Whether no more `prefix` threads run than `before`.
+fn ended_down_to(prefix: &str, before: usize) -> bool {
+    wait_until(LIMIT, || threads(prefix) <= before)
+}
+
+/// How many more `prefix` threads run than `before`, for a failure message.
+fn left(prefix: &str, before: usize) -> usize {
+    threads(prefix).saturating_sub(before)
+}
+
 /// `delivered + dropped + handler_panics`.
 fn ended(stats: &Stats) -> u64 {
     stats.delivered + stats.dropped + stats.handler_panics
@@ -250,7 +269,7 @@ fn deliveries_holding_task_slots_are_counted_when_the_runtime_shuts_down() {
 #[test]
 fn dropping_the_last_bus_stops_the_workers_and_ends_receivers() {
     let _serial = serial();
-    let before = threads("blazesub-worke");
+    let before = baseline("blazesub-worke");
     for keep_handles in [false, true] {
         for in_flight in [false, true] {
             let what = format!("keep_handles {keep_handles}, in_flight {in_flight}");
@@ -316,9 +335,9 @@ fn dropping_the_last_bus_stops_the_workers_and_ends_receivers() {
                 );
             }
             assert!(
-                wait_until(LIMIT, || threads("blazesub-worke") == before),
+                ended_down_to("blazesub-worke", before),
                 "{what}: {} pool workers still running after the last Bus was dropped",
-                threads("blazesub-worke") - before
+                left("blazesub-worke", before)
             );
             drop(kept);
         }
@@ -329,8 +348,8 @@ fn dropping_the_last_bus_stops_the_workers_and_ends_receivers() {
 #[test]
 fn dropping_the_last_bus_stops_its_other_threads() {
     let _serial = serial();
-    let lanes = threads("blazesub-lanes");
-    let deadlines = threads("blazesub-deadli");
+    let lanes = baseline("blazesub-lanes");
+    let deadlines = baseline("blazesub-deadli");
     let rt = runtime(2);
     for close in [false, true] {
         let bus = Bus::<u32>::builder()
@@ -355,11 +374,10 @@ fn dropping_the_last_bus_stops_its_other_threads() {
         drop(sub);
         drop(bus);
         assert!(
-            wait_until(LIMIT, || threads("blazesub-lanes") == lanes
-                && threads("blazesub-deadli") == deadlines),
+            ended_down_to("blazesub-lanes", lanes) && ended_down_to("blazesub-deadli", deadlines),
             "close {close}: threads left: {} lane watchers, {} deadline timers",
-            threads("blazesub-lanes") - lanes,
-            threads("blazesub-deadli") - deadlines
+            left("blazesub-lanes", lanes),
+            left("blazesub-deadli", deadlines)
         );
     }
 }
@@ -476,7 +494,7 @@ fn close_racing_publishes_counts_every_accepted_delivery() {
 #[test]
 fn a_handler_finishing_after_close_timed_out_completes_the_close() {
     let _serial = serial();
-    let before = threads("blazesub-worke");
+    let before = baseline("blazesub-worke");
     let rt = runtime(2);
     for kind in 0..5 {
         for keep_bus in [true, false] {
@@ -571,9 +589,9 @@ fn a_handler_finishing_after_close_timed_out_completes_the_close() {
                 drop(rx);
                 if mode == DeliveryMode::WorkerPool {
                     assert!(
-                        wait_until(LIMIT, || threads("blazesub-worke") == before),
+                        ended_down_to("blazesub-worke", before),
                         "{what}: {} workers still running",
-                        threads("blazesub-worke") - before
+                        left("blazesub-worke", before)
                     );
                 }
             }
