@@ -537,6 +537,13 @@ impl<T: Send + Sync + 'static> Bus<T> {
 
     /// Publishes `data` to `topic`; returns how many subscriptions it matched.
     ///
+    /// The count is of the subscriptions the publish found as it looked: a
+    /// subscription made or removed while the publish runs may be counted
+    /// without receiving the message, since the two race. Subscriptions
+    /// made before `publish` is called and kept until it returns are
+    /// counted exactly; [`Stats`](crate::Stats) counts what was delivered,
+    /// dropped or panicked.
+    ///
     /// Never waits for a lock. When the worker pool's queue for the topic is
     /// full it waits for room under `Overflow::Wait` (the default; a
     /// handler that publishes, or a bus that is closing, runs the work
