@@ -87,6 +87,12 @@ pub(crate) struct BusInner<T> {
     pub(crate) shared: Arc<SharedGroups<T>>,
     /// Reply topics and request deadlines (`request.rs`).
     pub(crate) requests: Requests,
+    /// This bus's node id on the wire, made by its first bridge and shared
+    /// by every bridge of the bus: each drops what any of them exported
+    /// (a message's origin), so two bridges of one bus do not echo each
+    /// other's exports back to it.
+    #[cfg(feature = "bridge")]
+    pub(crate) node_id: std::sync::OnceLock<String>,
 }
 
 /// Sizes of a bus's internal structures, for capacity planning and leak
@@ -149,6 +155,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 dispatcher,
                 next_id: AtomicU64::new(1),
                 config,
+                #[cfg(feature = "bridge")]
+                node_id: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -541,7 +549,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// subscription made or removed while the publish runs may be counted
     /// without receiving the message, since the two race. Subscriptions
     /// made before `publish` is called and kept until it returns are
-    /// counted exactly; [`Stats`](crate::Stats) counts what was delivered,
+    /// counted exactly; [`Stats`] counts what was delivered,
     /// dropped or panicked.
     ///
     /// Never waits for a lock. When the worker pool's queue for the topic is

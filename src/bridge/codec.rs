@@ -26,13 +26,16 @@
 
 use std::any::Any;
 use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// Turns a bus's values into bytes and back. Called by the bridge's own
-/// tasks, never on a publisher's thread.
+/// tasks, never on a publisher's thread. A call that panics is caught and
+/// counted as that call's error (the message is dropped, as for an `Err`);
+/// the bridge goes on with the next message.
 pub trait Codec<T>: Send + Sync + 'static {
     /// The bytes for `value`.
     fn encode(&self, value: &T) -> Result<Bytes, CodecError>;
@@ -60,6 +63,35 @@ impl fmt::Display for CodecError {
 }
 
 impl std::error::Error for CodecError {}
+
+/// `codec.encode(value)`, with a panic turned into an error: a user's codec
+/// must not end the bridge's task, and every later message with it.
+pub(crate) fn encode_caught<T: 'static>(
+    codec: &dyn Codec<T>,
+    value: &T,
+) -> Result<Bytes, CodecError> {
+    catch_unwind(AssertUnwindSafe(|| codec.encode(value)))
+        .unwrap_or_else(|panic| Err(panicked(&*panic)))
+}
+
+/// `codec.decode(bytes)`, with a panic turned into an error (as
+/// [`encode_caught`]).
+pub(crate) fn decode_caught<T: 'static>(
+    codec: &dyn Codec<T>,
+    bytes: Bytes,
+) -> Result<T, CodecError> {
+    catch_unwind(AssertUnwindSafe(|| codec.decode(bytes)))
+        .unwrap_or_else(|panic| Err(panicked(&*panic)))
+}
+
+fn panicked(panic: &(dyn Any + Send)) -> CodecError {
+    let what = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(non-string panic payload)");
+    CodecError(format!("the codec panicked: {what}"))
+}
 
 /// The default codec: `bytes::Bytes` untouched, anything else as JSON.
 #[derive(Clone, Copy, Debug, Default)]
@@ -107,5 +139,23 @@ mod tests {
         assert_eq!(&bytes[..], b"[1,2]");
         assert_eq!(Codec::<Vec<u32>>::decode(&Json, bytes).unwrap(), [1, 2]);
         assert!(Codec::<u32>::decode(&Json, Bytes::from_static(b"nope")).is_err());
+    }
+
+    struct Panicky;
+    impl Codec<u32> for Panicky {
+        fn encode(&self, _: &u32) -> Result<Bytes, CodecError> {
+            panic!("no encoding today")
+        }
+        fn decode(&self, _: Bytes) -> Result<u32, CodecError> {
+            panic!("{}", String::from("no decoding today"))
+        }
+    }
+
+    #[test]
+    fn a_panicking_codec_is_an_error() {
+        let error = encode_caught(&Panicky, &1).unwrap_err();
+        assert_eq!(error.to_string(), "the codec panicked: no encoding today");
+        let error = decode_caught(&Panicky, Bytes::new()).unwrap_err();
+        assert_eq!(error.to_string(), "the codec panicked: no decoding today");
     }
 }

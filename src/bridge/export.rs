@@ -42,7 +42,7 @@ use std::time::Duration;
 use futures_core::Stream;
 use tokio::sync::Notify;
 
-use super::codec::Codec;
+use super::codec::{encode_caught, Codec};
 use super::stats::Counters;
 use super::transport::{Outgoing, SendError, Transport};
 use crate::handles::Receiver;
@@ -151,7 +151,7 @@ impl<T: Send + Sync + 'static> Exporter<T> {
             return None;
         }
         let topic = message.topic();
-        match self.codec.encode(message.data()) {
+        match encode_caught(&*self.codec, message.data()) {
             Ok(payload) => Some(Outgoing {
                 topic: Arc::from(topic),
                 payload,
@@ -181,7 +181,9 @@ impl<T: Send + Sync + 'static> Exporter<T> {
             }
             match self.transport.publish(outgoing).await {
                 Ok(()) => {
-                    Counters::add(&self.stats.sent, 1);
+                    if !self.transport.counts_sent() {
+                        Counters::add(&self.stats.sent, 1);
+                    }
                     outbox.pop_front();
                 }
                 Err(SendError::Disconnected) => return,

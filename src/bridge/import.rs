@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use rustc_hash::{FxHashMap, FxHashSet};
 use tokio::sync::{mpsc, watch, Notify};
 
-use super::codec::Codec;
+use super::codec::{decode_caught, Codec};
 use super::mapping::intersect;
 use super::stats::Counters;
 use super::transport::{Deliver, Incoming, Transport, Upstream};
@@ -121,7 +121,7 @@ impl<T: Send + Sync + 'static> Importer<T> {
         {
             return;
         }
-        let value = match self.codec.decode(message.payload) {
+        let value = match decode_caught(&*self.codec, message.payload) {
             Ok(value) => value,
             Err(error) => {
                 Counters::add(&self.stats.decode_errors, 1);
@@ -211,12 +211,15 @@ async fn subscribe_filter<T: Send + Sync + 'static>(
         let queue = queue.clone();
         let stats = Arc::clone(&importer.stats);
         let local = Arc::clone(filter);
-        let deliver: Deliver = Arc::new(move |message| {
-            if queue.try_send((index, message)).is_err() {
+        let deliver: Deliver = Arc::new(move |message| match queue.try_send((index, message)) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
                 Counters::add(&stats.slow_consumers, 1);
                 Counters::add(&stats.dropped, 1);
                 tracing::debug!(filter = %local, "bridge: import queue full (slow consumer); message dropped");
             }
+            // The delivery task has stopped (the bridge is closing).
+            Err(mpsc::error::TrySendError::Closed(_)) => Counters::add(&stats.dropped, 1),
         });
         match transport.subscribe(&upstream_filter, deliver).await {
             Ok(upstream) => held.push(upstream),

@@ -89,9 +89,29 @@ pub fn filter_to_subjects(filter: &str) -> Vec<String> {
 }
 
 /// The topic name a subject stands for, or `None` if the subject is not one
-/// this mapping makes (a wildcard token, an empty token, a bad escape, or
-/// escaped bytes that are not UTF-8): another NATS client published it.
+/// this mapping makes (a wildcard token, an empty token, a bad escape,
+/// escaped bytes that are not UTF-8, a `/` in a token, an escape of a
+/// character the mapping keeps, lower-case hex): another NATS client
+/// published it. So the mapping is one-to-one: each topic has one subject,
+/// and only that subject maps back to it.
+///
+/// ```
+/// use blazesub::bridge::mapping::subject_to_topic;
+///
+/// assert_eq!(subject_to_topic("orders.eu.42").as_deref(), Some("orders/eu/42"));
+/// // Not what `topic_to_subject` makes for any topic:
+/// assert_eq!(subject_to_topic("orders.eu/42"), None);
+/// assert_eq!(subject_to_topic("a.%41"), None);
+/// assert_eq!(subject_to_topic("a.%2e"), None);
+/// ```
 pub fn subject_to_topic(subject: &str) -> Option<String> {
+    let topic = decode_subject(subject)?;
+    // Decoding is lenient (`/` inside a token, escapes of kept characters,
+    // lower-case hex); what it accepted must be what the topic maps to.
+    (topic_to_subject(&topic) == subject).then_some(topic)
+}
+
+fn decode_subject(subject: &str) -> Option<String> {
     let mut out = String::with_capacity(subject.len());
     for (i, token) in subject.split('.').enumerate() {
         if i > 0 {

@@ -49,7 +49,9 @@
 //!   (NATS `no_echo` / MQTT 5 No Local, and an origin header or user
 //!   property with the node's id, checked on every incoming message, for
 //!   brokers that ignore No Local). Its local subscribers had them once
-//!   already.
+//!   already. The id is the bus's, shared by all its bridges: a bus with
+//!   one bridge that exports and another that imports the same topics
+//!   does not get its own exports back either.
 //! - **MQTT specifics** (`mqtt.rs`): topics go as they are; two local
 //!   filters that need the same upstream filter share one MQTT subscription
 //!   (MQTT keys subscriptions by filter); every subscription carries a
@@ -178,7 +180,15 @@ impl Bridge {
         builder.bus.check_open()?;
         let stats = Arc::new(Counters::default());
         let wake = Arc::new(Notify::new());
-        let origin = backoff::node_id();
+        let origin = builder
+            .bus
+            .inner
+            .node_id
+            .get_or_init(backoff::node_id)
+            .clone();
+        // The connection's own name: two bridges of one bus share the
+        // origin, but an MQTT broker lets one connection per client id.
+        let connection = backoff::node_id();
         let backoff = backoff::Backoff {
             min: builder.backoff.0,
             max: builder.backoff.1.max(builder.backoff.0),
@@ -191,7 +201,7 @@ impl Bridge {
                     name: builder
                         .name
                         .clone()
-                        .unwrap_or_else(|| format!("blazesub-{origin}")),
+                        .unwrap_or_else(|| format!("blazesub-{connection}")),
                     origin: origin.clone(),
                     backoff,
                     subscription_capacity: 65_536,
@@ -213,7 +223,7 @@ impl Bridge {
                     client_id: builder
                         .name
                         .clone()
-                        .unwrap_or_else(|| format!("blazesub-{origin}")),
+                        .unwrap_or_else(|| format!("blazesub-{connection}")),
                     origin: origin.clone(),
                     backoff,
                 };

@@ -23,18 +23,22 @@
 //!   (or at once if the connection is down); nothing reconnects afterwards.
 //! - QoS 0: at most once, as the NATS transport.
 //! - A message MQTT cannot carry is refused before it reaches the client,
-//!   and counted as dropped: a packet over [`MAX_PACKET`], or a topic or
+//!   and counted as dropped: a packet over [`MAX_PACKET`], a topic or
 //!   metadata key or value over [`MAX_STRING`] bytes (rumqttc would write
-//!   its length truncated, and the broker close the connection).
+//!   its length truncated, and the broker close the connection), or one
+//!   with a control character or a Unicode noncharacter (which the bus
+//!   allows and MQTT 5 does not; mosquitto closes the connection). A local
+//!   filter with one is not subscribed upstream (logged), so it cannot keep
+//!   the connection down by being subscribed again on each ConnAck.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use rumqttc::v5::mqttbytes::v5::{Filter, Packet, PublishProperties, SubscribeProperties};
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
+use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions, Request};
 use rumqttc::Outgoing as Written;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -59,6 +63,19 @@ const MAX_PACKET: u32 = 1 << 20;
 /// and each user property's key and value.
 const MAX_STRING: usize = u16::MAX as usize;
 
+/// Whether MQTT 5 can carry `text` as a string (a topic, a filter, a user
+/// property's key or value): no control characters (U+0000–U+001F,
+/// U+007F–U+009F) and no Unicode noncharacters. The bus allows them in
+/// topics and metadata; MQTT 5 lets a broker treat them as a malformed
+/// packet, and mosquitto closes the connection, losing what the client had
+/// queued behind it.
+fn mqtt_can_carry(text: &str) -> bool {
+    !text.chars().any(|c| {
+        let code = u32::from(c);
+        c.is_control() || (0xFDD0..=0xFDEF).contains(&code) || code & 0xFFFE == 0xFFFE
+    })
+}
+
 /// One filter's upstream subscription and who receives its messages.
 struct Entry {
     id: usize,
@@ -79,6 +96,64 @@ struct Shared {
     /// `close` has begun: the event loop ends at the DISCONNECT or the next
     /// error instead of reconnecting.
     closing: AtomicBool,
+    /// Publishes handed to the client and not yet written nor counted
+    /// lost: see [`Shared::written`].
+    unsettled: AtomicU64,
+    stats: Arc<Counters>,
+    /// The broker's Maximum Packet Size from its last ConnAck (0: none
+    /// given). rumqttc fails the connection on a larger outgoing packet,
+    /// losing what it had queued behind it; the bridge refuses it first.
+    broker_max_packet: AtomicU32,
+}
+
+/// # Counting what the client loses
+/// rumqttc queues a publish in its request channel; at a connection error
+/// it moves what the channel holds into its `pending` list, which a
+/// clean-start reconnect clears. So a publish is `sent` only when the
+/// event loop writes it (`Event::Outgoing(Publish)`), and one cleared at a
+/// disconnect, or left queued when the loop ends, is `dropped`. `unsettled`
+/// makes each count once: whoever takes a publish out of it counts it.
+impl Shared {
+    /// One publish written to the connection.
+    fn written(&self) {
+        if take(&self.unsettled, 1) == 1 {
+            Counters::add(&self.stats.sent, 1);
+        }
+    }
+
+    /// `n` publishes the client will never write.
+    fn lost(&self, n: u64) {
+        Counters::add(&self.stats.dropped, take(&self.unsettled, n));
+    }
+
+    /// The event loop has ended: what it had not written is lost.
+    fn lost_the_rest(&self) {
+        Counters::add(
+            &self.stats.dropped,
+            self.unsettled.swap(0, Ordering::AcqRel),
+        );
+    }
+}
+
+/// Takes up to `n` from `count`; returns how many it took.
+fn take(count: &AtomicU64, n: u64) -> u64 {
+    match count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+        Some(now - now.min(n))
+    }) {
+        Ok(before) => before.min(n),
+        Err(_) => 0,
+    }
+}
+
+/// Takes the publishes out of the client's `pending` list after a
+/// connection error (its request channel moved there): the clean-start
+/// reconnect would clear them unsent. Returns how many.
+fn take_pending_publishes(event_loop: &mut EventLoop) -> u64 {
+    let before = event_loop.pending.len();
+    event_loop
+        .pending
+        .retain(|request| !matches!(request, Request::Publish(_)));
+    (before - event_loop.pending.len()) as u64
 }
 
 pub(crate) struct Mqtt {
@@ -129,6 +204,9 @@ impl Mqtt {
             table: Mutex::new(Table::default()),
             connected: AtomicBool::new(false),
             closing: AtomicBool::new(false),
+            unsettled: AtomicU64::new(0),
+            stats: Arc::clone(&stats),
+            broker_max_packet: AtomicU32::new(0),
         });
         let event_loop = tokio::spawn(run_event_loop(
             event_loop,
@@ -152,6 +230,7 @@ impl Drop for Mqtt {
         if let Some(event_loop) = event_loop.take() {
             event_loop.abort();
         }
+        self.shared.lost_the_rest();
     }
 }
 
@@ -185,7 +264,11 @@ async fn run_event_loop(
             return;
         };
         match event {
-            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+            Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                let broker_max = ack.properties.and_then(|p| p.max_packet_size);
+                shared
+                    .broker_max_packet
+                    .store(broker_max.unwrap_or(0), Ordering::Release);
                 attempts.store(0, Ordering::Relaxed);
                 shared.connected.store(true, Ordering::Release);
                 Counters::add(&stats.connects, 1);
@@ -196,6 +279,7 @@ async fn run_event_loop(
             Ok(Event::Incoming(Packet::Publish(publish))) => {
                 dispatch(&shared, publish, &origin, &stats);
             }
+            Ok(Event::Outgoing(Written::Publish(_))) => shared.written(),
             Ok(Event::Incoming(Packet::Disconnect(_))) => {
                 shared.connected.store(false, Ordering::Release);
             }
@@ -206,9 +290,11 @@ async fn run_event_loop(
             Ok(_) => {}
             Err(_) if shared.closing.load(Ordering::Acquire) => {
                 shared.connected.store(false, Ordering::Release);
+                shared.lost_the_rest();
                 return;
             }
             Err(error) => {
+                shared.lost(take_pending_publishes(&mut event_loop));
                 if shared.connected.swap(false, Ordering::AcqRel) {
                     tracing::warn!(%error, "bridge disconnected from the MQTT broker; reconnecting");
                 } else {
@@ -267,7 +353,10 @@ fn dispatch(
     if let Some(properties) = publish.properties {
         ids = properties.subscription_identifiers;
         for (key, value) in properties.user_properties {
-            if key == ORIGIN_PROPERTY {
+            // The origin is the first: the sender puts its own before the
+            // metadata's, which may hold a key of the same name, and MQTT
+            // keeps the order of user properties.
+            if key == ORIGIN_PROPERTY && from.is_none() {
                 from = Some(value);
             } else {
                 metadata
@@ -361,10 +450,18 @@ impl Transport for Mqtt {
             // closes the connection.
             let strings = std::iter::once(&*message.topic)
                 .chain(user_properties.iter().flat_map(|(k, v)| [&**k, &**v]));
-            if let Some(long) = strings.map(str::len).find(|&len| len > MAX_STRING) {
-                return Err(SendError::Refused(format!(
-                    "a string of {long} bytes (topic, metadata key or value) is over MQTT's limit of {MAX_STRING}"
-                )));
+            for string in strings {
+                if string.len() > MAX_STRING {
+                    return Err(SendError::Refused(format!(
+                        "a string of {} bytes (topic, metadata key or value) is over MQTT's limit of {MAX_STRING}",
+                        string.len()
+                    )));
+                }
+                if !mqtt_can_carry(string) {
+                    return Err(SendError::Refused(format!(
+                        "{string:?} (topic, metadata key or value) has a control character or a noncharacter, which MQTT 5 does not carry"
+                    )));
+                }
             }
             let size = message.payload.len()
                 + message.topic.len()
@@ -376,6 +473,15 @@ impl Transport for Mqtt {
             if size + 64 > MAX_PACKET as usize {
                 return Err(SendError::Refused(format!(
                     "its packet of about {size} bytes is over the bridge's MQTT limit of {MAX_PACKET}"
+                )));
+            }
+            // At most: a fixed header of 5 bytes, the topic's length (2),
+            // and the properties' length (4).
+            let broker_max = self.shared.broker_max_packet.load(Ordering::Acquire);
+            if broker_max > 0 && size + 11 > broker_max as usize {
+                return Err(SendError::Refused(format!(
+                    "its packet of up to {} bytes is over the broker's Maximum Packet Size of {broker_max}",
+                    size + 11
                 )));
             }
             let properties = PublishProperties {
@@ -392,8 +498,14 @@ impl Transport for Mqtt {
                     properties,
                 )
                 .await
-                .map_err(|_| SendError::Disconnected)
+                .map_err(|_| SendError::Disconnected)?;
+            self.shared.unsettled.fetch_add(1, Ordering::AcqRel);
+            Ok(())
         })
+    }
+
+    fn counts_sent(&self) -> bool {
+        true
     }
 
     fn subscribe<'a>(
@@ -402,6 +514,13 @@ impl Transport for Mqtt {
         deliver: Deliver,
     ) -> BoxFuture<'a, Result<Box<dyn Upstream>, String>> {
         Box::pin(async move {
+            // Never into the table: it is subscribed again on every
+            // ConnAck, and the broker would close each connection.
+            if !mqtt_can_carry(filter) {
+                return Err(format!(
+                    "{filter:?} has a control character or a noncharacter, which MQTT 5 does not carry"
+                ));
+            }
             let (target, new_id) = {
                 let mut table = lock(&self.shared.table);
                 let target = table.next_target;
@@ -457,11 +576,13 @@ impl Transport for Mqtt {
                     .await
                     .is_ok()
                 {
+                    self.shared.lost_the_rest();
                     return;
                 }
             }
             event_loop.abort();
             self.shared.connected.store(false, Ordering::Release);
+            self.shared.lost_the_rest();
         })
     }
 }

@@ -205,7 +205,18 @@ fn headers(origin: &str, metadata: Option<&Metadata>) -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert(ORIGIN_HEADER, origin);
     for (key, value) in metadata.into_iter().flat_map(Metadata::iter) {
-        let name = escape_header(key, true);
+        let name = if key.eq_ignore_ascii_case(ORIGIN_HEADER) {
+            // As it is, it would stand for (and replace) the origin: its
+            // first character escaped, which `unescape_header` undoes. (It
+            // is ASCII, as the header's name is.)
+            format!(
+                "%{:02X}{}",
+                key.as_bytes()[0],
+                escape_header(&key[1..], true)
+            )
+        } else {
+            escape_header(key, true)
+        };
         let value = escape_header(value, false);
         if let (Ok(name), Ok(value)) = (HeaderName::from_str(&name), HeaderValue::from_str(&value))
         {

@@ -63,6 +63,12 @@ pub(crate) trait Transport: Send + Sync + 'static {
         filter: &'a str,
         deliver: Deliver,
     ) -> BoxFuture<'a, Result<Box<dyn Upstream>, String>>;
+    /// Whether the transport counts `sent` itself (when the client writes
+    /// the message, and `dropped` for what it loses before that), rather
+    /// than the exporter when `publish` returns `Ok`.
+    fn counts_sent(&self) -> bool {
+        false
+    }
     /// Whether the connection is up now.
     fn connected(&self) -> bool;
     /// Sends what the client has queued, then closes the connection.

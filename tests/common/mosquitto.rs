@@ -42,10 +42,16 @@ impl Mosquitto {
     /// port chosen free can be taken by another test's server before ours
     /// binds it.
     pub fn start() -> Self {
-        with_retries("mosquitto did not start", Self::try_start)
+        Self::start_with("")
     }
 
-    fn try_start() -> Result<Self, String> {
+    /// [`Self::start`] with `extra` lines in its configuration.
+    #[allow(dead_code)]
+    pub fn start_with(extra: &str) -> Self {
+        with_retries("mosquitto did not start", || Self::try_start(extra))
+    }
+
+    fn try_start(extra: &str) -> Result<Self, String> {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
@@ -56,7 +62,7 @@ impl Mosquitto {
         ));
         std::fs::write(
             &config,
-            format!("listener {port} 127.0.0.1\nallow_anonymous true\n"),
+            format!("listener {port} 127.0.0.1\nallow_anonymous true\n{extra}"),
         )
         .expect("write the broker's configuration");
         let mut broker = Self {
