@@ -9,8 +9,10 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
+use crate::closing::Closing;
 use crate::config::{Config, Overflow};
 use crate::dispatch::{
     inline_depth, next_inline_depth, push_to_streams, Dispatcher, Env, Fanout, Ordered, Policy,
@@ -87,6 +89,8 @@ pub(crate) struct BusInner<T> {
     pub(crate) shared: Arc<SharedGroups<T>>,
     /// Reply topics and request deadlines (`request.rs`).
     pub(crate) requests: Requests,
+    /// Set when `close` is called (`closing.rs`).
+    pub(crate) closing: Closing,
     /// This bus's node id on the wire, made by its first bridge and shared
     /// by every bridge of the bus: each drops what any of them exported
     /// (a message's origin), so two bridges of one bus do not echo each
@@ -148,6 +152,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 retained: RetainedStore::new(&config),
                 shared: Arc::new(SharedGroups::new(config.share_policy, &env)),
                 requests: Requests::new(),
+                closing: Closing::new(),
                 policy: Policy::new(&config),
                 routes: RouteCache::new(config.route_cache_capacity),
                 trie: Arc::new(Trie::new()),
@@ -604,8 +609,10 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ///
     /// Cancel-safe: dropped before it completes, it has delivered nothing
     /// and holds no reserved room. Waiting publishers are served in order.
-    /// A lossless mailbox whose receiver is dropped (or a bus that closes)
-    /// releases the publishers waiting on it at once.
+    /// A lossless mailbox whose receiver is dropped releases the publishers
+    /// waiting on it at once, and `close` ends every wait with
+    /// [`Error::Closed`] (a handler waiting here does not hold up the
+    /// drain).
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
@@ -643,7 +650,23 @@ impl<T: Send + Sync + 'static> Bus<T> {
             Err(rejected) => return Err(rejected.error),
         };
         let route = self.inner.routes.route(&self.inner.trie, topic);
-        let reservations = reserve_waiting(&route).await;
+        // A bus closing refuses this publish anyway, and a handler waiting
+        // here would keep `close` from draining: the wait ends at `close`
+        // (the room it held is given back as it is dropped).
+        let reservations = {
+            let mut waiting = std::pin::pin!(reserve_waiting(&route));
+            let mut closing = std::pin::pin!(self.inner.closing.wait());
+            std::future::poll_fn(|cx| {
+                if let Poll::Ready(reservations) = waiting.as_mut().poll(cx) {
+                    return Poll::Ready(Ok(reservations));
+                }
+                match closing.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(Error::Closed)),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await?
+        };
         drop(route);
         self.publish_message(topic, data, None, Some(reservations))
             .map_err(|rejected| rejected.error)
@@ -974,8 +997,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let caller = quiesce::caller_here(&self.inner.env.quiescence);
         let inner = Arc::clone(&self.inner);
         inner.dispatcher.closing();
-        // No reply can come any more: waiting requests end now.
-        inner.requests.close();
+        // No reply can come any more, and no publish can be accepted:
+        // waiting requests and publishers end now.
+        inner.closing.start();
         let closing = Arc::downgrade(&self.inner);
         inner.env.counters.close(move || {
             if let Some(inner) = closing.upgrade() {

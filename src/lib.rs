@@ -233,6 +233,7 @@
 pub mod bridge;
 mod builder;
 mod bus;
+mod closing;
 mod config;
 mod dispatch;
 mod error;

@@ -69,11 +69,6 @@ pub(crate) struct Requests {
     bus: u64,
     next: AtomicU64,
     timer: OnceLock<Result<Timer, String>>,
-    /// Set when `close` is called: no reply can come any more (`reply` is
-    /// refused), so a waiting request ends with `Error::Closed` then, not
-    /// once the bus has drained.
-    closed: std::sync::atomic::AtomicBool,
-    closing: tokio::sync::Notify,
 }
 
 impl Requests {
@@ -82,15 +77,7 @@ impl Requests {
             bus: BUSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             next: AtomicU64::new(1),
             timer: OnceLock::new(),
-            closed: std::sync::atomic::AtomicBool::new(false),
-            closing: tokio::sync::Notify::new(),
         }
-    }
-
-    /// The bus starts closing: ends every waiting request.
-    pub(crate) fn close(&self) {
-        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.closing.notify_waiters();
     }
 
     fn reply_topic(&self) -> String {
@@ -463,12 +450,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
         timeout: Duration,
         max: usize,
     ) -> Result<Vec<Arc<Message<T>>>, Error> {
-        let requests = &self.inner.requests;
-        let timer = requests.timer()?;
-        // Enabled before the request is sent, so a `close` from then on
-        // wakes it (`notify_waiters` wakes only enabled waiters).
-        let mut closing = std::pin::pin!(requests.closing.notified());
-        closing.as_mut().enable();
+        let timer = self.inner.requests.timer()?;
+        // No reply can come once `close` is called (`reply` is refused): a
+        // waiting request ends with `Error::Closed` then, not once the bus
+        // has drained.
+        let mut closing = std::pin::pin!(self.inner.closing.wait());
         let mut replies = self.send_request(topic, data, max)?;
         let armed = timer.arm(timeout);
         let mut got = Vec::new();
@@ -485,9 +471,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
                     Poll::Pending => break,
                 }
             }
-            if std::future::Future::poll(closing.as_mut(), cx).is_ready()
-                || requests.closed.load(std::sync::atomic::Ordering::SeqCst)
-            {
+            if std::future::Future::poll(closing.as_mut(), cx).is_ready() {
                 return Poll::Ready(Err(Error::Closed));
             }
             armed.deadline.waker.register(cx.waker());

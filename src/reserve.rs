@@ -7,9 +7,11 @@
 //!   active lossless mailbox its route reaches. It tries once, without
 //!   waiting ([`reserve_now`]): if any is full, every slot taken is given
 //!   back and the publish reaches no one (`publish` returns `Error::Full`).
-//!   `publish_async` then waits ([`reserve_waiting`]), mailbox by mailbox
-//!   in the order of their ids, so two publishers never wait on each other
-//!   in a cycle, and publishes with the room it holds.
+//!   `publish_async` then waits ([`reserve_waiting`]) for each full one in
+//!   turn, holding no room while it waits (so two publishers never wait on
+//!   each other, and a full stream holds back only the topics it
+//!   subscribes to), and publishes with the room it holds once it holds
+//!   room everywhere.
 //! - Room taken without waiting is spent by the same publish at once, so
 //!   nothing records where: the reserve pass holds the stream sets it took
 //!   room in (a set a subscribe replaces meanwhile stays as it was for this
@@ -241,29 +243,73 @@ pub(crate) fn reserve_now<T>(route: &Route<T>) -> Result<Reservations<T>, NoRoom
     Err(NoRoom { capacity })
 }
 
-/// Takes room in every lossless mailbox of `route`, waiting for it, mailbox
-/// by mailbox in the order of their ids.
+/// Takes room in every lossless mailbox of `route`, waiting for it where
+/// there is none.
+///
+/// It holds no room while it waits: before waiting for a full mailbox it
+/// gives back every slot it holds, and after the wait (which ends with a
+/// slot of that mailbox: room a mailbox frees goes to its waiters in
+/// order) it takes the others again without waiting. Held across a wait,
+/// a slot would hold back the other topics' publishers to a mailbox that
+/// has room (one slot per waiting publisher, its reader idle), and two
+/// publishers could each hold what the other waits for. A publish that
+/// finds another mailbox full after a wait waits again, for that one.
 pub(crate) async fn reserve_waiting<T>(route: &Route<T>) -> Reservations<T> {
     let mut targets: Targets<T> = SmallVec::new();
     route.for_each_stream_set(|set| {
         for_each_lossless(set, set.len(), |entry| targets.push(Arc::clone(entry)));
     });
-    // By id: two publishers waiting never hold what the other waits for.
     targets.sort_by_key(|entry: &StreamEntry<T>| entry.id());
     let mut reservations = Reservations::none();
-    for entry in targets {
-        // Without waiting where there is room: an await costs the task's
-        // cooperative budget even when ready at once.
-        let taken = match entry.sink.try_reserve() {
-            Reserve::Taken => true,
-            Reserve::Closed => false,
-            Reserve::Full => entry.sink.reserve().await,
-        };
-        if taken {
-            reservations.waited.push((entry, true));
+    // Every target, sorted by id as `Held::take` looks them up, none held
+    // yet; a slot taken is held there (dropped, it is given back).
+    reservations.waited = targets.into_iter().map(|entry| (entry, false)).collect();
+    let mut how: SmallVec<[Slot; 4]> = SmallVec::from_elem(Slot::None, reservations.waited.len());
+    'scan: loop {
+        for i in 0..how.len() {
+            if how[i] != Slot::None {
+                continue;
+            }
+            // Without waiting where there is room: an await costs the
+            // task's cooperative budget even when ready at once.
+            match reservations.waited[i].0.sink.try_reserve() {
+                Reserve::Taken => {
+                    reservations.waited[i].1 = true;
+                    how[i] = Slot::Held;
+                }
+                Reserve::Closed => how[i] = Slot::Closed,
+                Reserve::Full => {
+                    for j in 0..how.len() {
+                        if how[j] == Slot::Held {
+                            reservations.waited[j].0.sink.unreserve();
+                            reservations.waited[j].1 = false;
+                            how[j] = Slot::None;
+                        }
+                    }
+                    let entry = Arc::clone(&reservations.waited[i].0);
+                    // Ready with the slot in the poll that records it.
+                    if entry.sink.reserve().await {
+                        reservations.waited[i].1 = true;
+                        how[i] = Slot::Held;
+                    } else {
+                        how[i] = Slot::Closed;
+                    }
+                    continue 'scan;
+                }
+            }
         }
+        return reservations;
     }
-    reservations
+}
+
+/// How [`reserve_waiting`] holds (or not) room in one mailbox.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    None,
+    /// A slot held (until the next wait, if any).
+    Held,
+    /// The mailbox closed (its receiver gone): skipped.
+    Closed,
 }
 
 #[cfg(all(test, not(loom)))]

@@ -33,7 +33,9 @@ pub enum StreamOverflow {
     /// while this mailbox is full; `publish_async` waits for room in every
     /// such mailbox it reaches, then delivers to all. A full lossless
     /// mailbox therefore holds back every publisher of the topics it
-    /// subscribes to: the price of losing nothing.
+    /// subscribes to, and only those (a publisher waiting for it holds no
+    /// room elsewhere meanwhile): the price of losing nothing. `close` ends
+    /// every such wait with `Error::Closed`.
     Backpressure,
     /// NATS's slow-consumer rule: the first message that does not fit
     /// closes the mailbox (that message is counted as lost, and reported by
