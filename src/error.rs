@@ -63,7 +63,9 @@ pub enum Error {
 
     /// Under [`Overflow::Error`](crate::Overflow::Error), the queue or task cap
     /// was full: some deliveries of this publish were dropped (and counted in
-    /// [`Stats::dropped`](crate::Stats::dropped)).
+    /// [`Stats::dropped`](crate::Stats::dropped)). The rest were delivered
+    /// (streams, lossless ones included, and the handlers that fit): the
+    /// publish was accepted, so retrying it delivers it again to those.
     #[error("publishing to {topic:?} overloaded the bus: {dropped} of {matched} deliveries were dropped")]
     Overloaded {
         /// The topic published to.
