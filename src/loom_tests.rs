@@ -331,6 +331,58 @@ fn loom_a_parked_reader_is_woken_by_a_publish_that_fenced() {
 }
 
 #[test]
+fn loom_a_disconnect_strands_no_push_and_counts_its_loss_first() {
+    // A `Disconnect` mailbox of one: a publisher pushes two (the second
+    // may not fit and close it) and then closes it as the bus would;
+    // another pushes one, racing those closes. The reader reads to the
+    // end: nothing may land after it saw the end, and when it sees the
+    // end, the message that closed it is counted.
+    use crate::stream_options::StreamOverflow;
+    model_bounded(2, || {
+        let mailbox = Arc::new(Mailbox::<u32>::with_overflow(1, StreamOverflow::Disconnect));
+        let first = {
+            let mailbox = Arc::clone(&mailbox);
+            thread::spawn(move || {
+                for value in 0..2 {
+                    mailbox.push(Arc::new(Message::new("s", value)), false);
+                }
+                mailbox.close();
+            })
+        };
+        let second = {
+            let mailbox = Arc::clone(&mailbox);
+            thread::spawn(move || {
+                mailbox.push(Arc::new(Message::new("s", 2)), false);
+            })
+        };
+        let (received, lost_at_end) = loom::future::block_on(async {
+            let mut received = 0u64;
+            while std::future::poll_fn(|cx| mailbox.poll_pop(cx))
+                .await
+                .is_some()
+            {
+                received += 1;
+            }
+            (received, mailbox.lost())
+        });
+        first.join().unwrap();
+        second.join().unwrap();
+        assert_eq!(
+            mailbox.len(),
+            0,
+            "a push landed after the reader saw the end"
+        );
+        assert_eq!(received + mailbox.lost(), 3, "received {received}");
+        if mailbox.disconnected() {
+            assert!(
+                lost_at_end >= 1,
+                "the end came before the loss that caused it"
+            );
+        }
+    });
+}
+
+#[test]
 fn loom_mailbox_counts_a_push_racing_the_reader_drop() {
     // A push that found the mailbox open may land after the receiver's drop
     // has drained it: the reader-gone flag makes one side count it.

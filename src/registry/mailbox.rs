@@ -11,6 +11,20 @@
 //!   end.
 //! - **Nothing is lost uncounted** when the reader goes away; see below.
 //!
+//! # A `Disconnect` mailbox closed by a push
+//! Only a `Disconnect` mailbox closes while publishers push (one push does
+//! not fit): a push that found it open may land after the reader emptied
+//! it and saw the end. So one atomic word, `pushes`, holds the closed mark
+//! and the pushes in flight: a push counts itself in and reads the mark in
+//! one step, and the reader reports the end only when it reads the mark
+//! with no push in flight. A push counted in before the close finishes,
+//! then (the last one out of a closed mailbox) wakes the reader, whose next
+//! look takes what it queued; one counted in after finds the mark and is
+//! refused, counted lost. One word needs no fence: its read-modify-writes
+//! are ordered among themselves, and each releases what its push queued. The push that does not fit counts itself lost before it
+//! closes the mailbox, so a reader that sees the end sees that loss too
+//! (`Lagged` before `Disconnected`).
+//!
 //! # A receiver dropped during a push
 //! A publisher checks `closed` before it pushes, so a push can land after
 //! `Receiver::drop` has closed the mailbox and drained it. Closing cannot
@@ -32,7 +46,7 @@ use super::room::{Room, Take};
 use crate::message::Message;
 use crate::stream_options::StreamOverflow;
 use crate::sync::queue::ArrayQueue;
-use crate::sync::{fence, AtomicBool, AtomicU64, Ordering, ReaderWaker};
+use crate::sync::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering, ReaderWaker};
 
 /// The outcome of [`Mailbox::try_reserve`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +99,9 @@ pub(crate) struct Mailbox<T> {
     handed_over: AtomicBool,
     /// Set when a push did not fit under `Disconnect`.
     disconnected: AtomicBool,
+    /// `Disconnect` only: [`CLOSED`] once closed, plus [`PUSH`] per push in
+    /// flight (see the module docs).
+    pushes: AtomicUsize,
     overflow: StreamOverflow,
     /// Retained publishes numbered this or lower were in the snapshot this
     /// mailbox was primed with (or older than it): a live copy of one is a
@@ -128,6 +145,7 @@ impl<T> Mailbox<T> {
             overflow,
             room: (overflow == StreamOverflow::Backpressure).then(|| Room::new(capacity)),
             disconnected: AtomicBool::new(false),
+            pushes: AtomicUsize::new(0),
             queue: ArrayQueue::new(capacity),
             waker: ReaderWaker::new(),
             lost: AtomicU64::new(0),
@@ -225,13 +243,36 @@ impl<T> Mailbox<T> {
                 queued: false,
             };
         }
+        if self.overflow != StreamOverflow::Disconnect {
+            return self.push_open(message, reserved);
+        }
+        let pushed = if self.pushes.fetch_add(PUSH, Ordering::AcqRel) & CLOSED != 0 {
+            self.refuse_closed(&message)
+        } else {
+            self.push_open(message, reserved)
+        };
+        if self.pushes.fetch_sub(PUSH, Ordering::AcqRel) == CLOSED | PUSH {
+            // The last push out of a closed mailbox: the reader may be
+            // waiting for it to see the end.
+            self.waker.wake();
+        }
+        pushed
+    }
+
+    /// A push into a closed mailbox: refused, counted lost.
+    fn refuse_closed(&self, message: &Message<T>) -> Pushed {
+        self.lose(message);
+        Pushed {
+            dropped: 1,
+            disconnected: false,
+            queued: false,
+        }
+    }
+
+    /// [`Self::push_kept`] of a message not in the snapshot.
+    fn push_open(&self, message: Arc<Message<T>>, reserved: bool) -> Pushed {
         if self.closed.load(Ordering::Acquire) {
-            self.lose(&message);
-            return Pushed {
-                dropped: 1,
-                disconnected: false,
-                queued: false,
-            };
+            return self.refuse_closed(&message);
         }
         let mut dropped = 0;
         let mut disconnected = false;
@@ -246,9 +287,14 @@ impl<T> Mailbox<T> {
             StreamOverflow::DropNewest => self.queue.push(message).is_err(),
             StreamOverflow::Disconnect => {
                 let refused = self.queue.push(message).is_err();
-                if refused && !self.disconnected.swap(true, Ordering::AcqRel) {
-                    disconnected = true;
-                    self.close();
+                if refused {
+                    // Before the close: a reader that sees the end sees
+                    // this loss (reported `Lagged` first).
+                    self.lost.fetch_add(1, Ordering::Release);
+                    if !self.disconnected.swap(true, Ordering::AcqRel) {
+                        disconnected = true;
+                        self.close();
+                    }
                 }
                 refused
             }
@@ -261,7 +307,10 @@ impl<T> Mailbox<T> {
             }
         };
         if refused {
-            if self.overflow != StreamOverflow::DropOldest {
+            if !matches!(
+                self.overflow,
+                StreamOverflow::DropOldest | StreamOverflow::Disconnect
+            ) {
                 // Release: a reader that sees the count also sees the push.
                 self.lost.fetch_add(1, Ordering::Release);
             }
@@ -366,6 +415,9 @@ impl<T> Mailbox<T> {
 
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
+        if self.overflow == StreamOverflow::Disconnect {
+            self.pushes.fetch_or(CLOSED, Ordering::AcqRel);
+        }
         if let Some(room) = &self.room {
             // Publishers waiting for room give up on this mailbox.
             room.close();
@@ -460,11 +512,30 @@ impl<T> Mailbox<T> {
             self.waker.running();
             return Poll::Ready(Some(message));
         }
-        if self.closed.load(Ordering::Acquire) {
+        match self.end() {
             // A push that raced the close may have landed after our pop.
-            return Poll::Ready(self.pop());
+            End::Closed => Poll::Ready(self.pop()),
+            // A push in flight wakes this reader as it ends.
+            End::Open | End::Pushing => Poll::Pending,
         }
-        Poll::Pending
+    }
+
+    /// Whether the reader may see the end once it finds nothing queued.
+    fn end(&self) -> End {
+        if self.overflow == StreamOverflow::Disconnect {
+            let pushes = self.pushes.load(Ordering::Acquire);
+            if pushes & CLOSED == 0 {
+                End::Open
+            } else if pushes >= PUSH {
+                End::Pushing
+            } else {
+                End::Closed
+            }
+        } else if self.closed.load(Ordering::Acquire) {
+            End::Closed
+        } else {
+            End::Open
+        }
     }
 
     /// A message if one is queued, without registering for a wake-up.
@@ -472,11 +543,11 @@ impl<T> Mailbox<T> {
         if let Some(message) = self.pop() {
             return Ok(message);
         }
-        if self.closed.load(Ordering::Acquire) {
+        match self.end() {
             // A push that raced the close may have landed after our pop.
-            return self.pop().ok_or(Popped::Closed);
+            End::Closed => self.pop().ok_or(Popped::Closed),
+            End::Open | End::Pushing => Err(Popped::Empty),
         }
-        Err(Popped::Empty)
     }
 
     /// Messages waiting.
@@ -491,6 +562,19 @@ impl<T> Mailbox<T> {
     pub(crate) fn capacity(&self) -> usize {
         self.queue.capacity()
     }
+}
+
+/// [`Mailbox::pushes`]: the closed mark.
+const CLOSED: usize = 1;
+/// [`Mailbox::pushes`]: one push in flight.
+const PUSH: usize = 2;
+
+/// What the reader finds after an empty pop ([`Mailbox::end`]).
+enum End {
+    Open,
+    /// Closed, with a push in flight that may still queue a message.
+    Pushing,
+    Closed,
 }
 
 /// What one push did.
