@@ -8,10 +8,10 @@
 //!   waiting ([`reserve_now`]): if any is full, every slot taken is given
 //!   back and the publish reaches no one (`publish` returns `Error::Full`).
 //!   `publish_async` then waits ([`reserve_waiting`]) for each full one in
-//!   turn, holding no room while it waits (so two publishers never wait on
-//!   each other, and a full stream holds back only the topics it
-//!   subscribes to), and publishes with the room it holds once it holds
-//!   room everywhere.
+//!   turn, holding meanwhile only slots it waited for, in mailboxes of
+//!   lower ids (so two publishers never wait on each other in a cycle, a
+//!   waiter keeps its place in each queue, and it holds no room in a
+//!   mailbox that had some), and publishes once it holds room everywhere.
 //! - Room taken without waiting is spent by the same publish at once, so
 //!   nothing records where: the reserve pass holds the stream sets it took
 //!   room in (a set a subscribe replaces meanwhile stays as it was for this
@@ -246,14 +246,18 @@ pub(crate) fn reserve_now<T>(route: &Route<T>) -> Result<Reservations<T>, NoRoom
 /// Takes room in every lossless mailbox of `route`, waiting for it where
 /// there is none.
 ///
-/// It holds no room while it waits: before waiting for a full mailbox it
-/// gives back every slot it holds, and after the wait (which ends with a
-/// slot of that mailbox: room a mailbox frees goes to its waiters in
-/// order) it takes the others again without waiting. Held across a wait,
-/// a slot would hold back the other topics' publishers to a mailbox that
-/// has room (one slot per waiting publisher, its reader idle), and two
-/// publishers could each hold what the other waits for. A publish that
-/// finds another mailbox full after a wait waits again, for that one.
+/// While it waits for a full mailbox it holds only slots it waited for, in
+/// mailboxes of lower ids:
+/// - a slot taken without waiting (the mailbox had room) is given back
+///   before a wait and taken again after: held, it would hold back the
+///   other topics' publishers to a mailbox that has room (one slot per
+///   waiting publisher, its reader idle);
+/// - a slot it waited for is kept (room a mailbox frees goes to its
+///   waiters in order, and giving it back would send this publisher to
+///   the back of that queue, where publishers to either mailbox alone can
+///   keep it forever); only one of a higher id than the mailbox it is
+///   about to wait for is given back, so that, as with locks taken in
+///   order, two publishers never hold what the other waits for.
 pub(crate) async fn reserve_waiting<T>(route: &Route<T>) -> Reservations<T> {
     let mut targets: Targets<T> = SmallVec::new();
     route.for_each_stream_set(|set| {
@@ -275,12 +279,13 @@ pub(crate) async fn reserve_waiting<T>(route: &Route<T>) -> Reservations<T> {
             match reservations.waited[i].0.sink.try_reserve() {
                 Reserve::Taken => {
                     reservations.waited[i].1 = true;
-                    how[i] = Slot::Held;
+                    how[i] = Slot::Taken;
                 }
                 Reserve::Closed => how[i] = Slot::Closed,
                 Reserve::Full => {
                     for j in 0..how.len() {
-                        if how[j] == Slot::Held {
+                        let kept = how[j] == Slot::Waited && j < i;
+                        if matches!(how[j], Slot::Taken | Slot::Waited) && !kept {
                             reservations.waited[j].0.sink.unreserve();
                             reservations.waited[j].1 = false;
                             how[j] = Slot::None;
@@ -290,7 +295,7 @@ pub(crate) async fn reserve_waiting<T>(route: &Route<T>) -> Reservations<T> {
                     // Ready with the slot in the poll that records it.
                     if entry.sink.reserve().await {
                         reservations.waited[i].1 = true;
-                        how[i] = Slot::Held;
+                        how[i] = Slot::Waited;
                     } else {
                         how[i] = Slot::Closed;
                     }
@@ -306,8 +311,11 @@ pub(crate) async fn reserve_waiting<T>(route: &Route<T>) -> Reservations<T> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Slot {
     None,
-    /// A slot held (until the next wait, if any).
-    Held,
+    /// Taken without waiting: given back before any wait.
+    Taken,
+    /// Taken by waiting for it: kept, unless a lower one must be waited
+    /// for.
+    Waited,
     /// The mailbox closed (its receiver gone): skipped.
     Closed,
 }

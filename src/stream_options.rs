@@ -34,7 +34,8 @@ pub enum StreamOverflow {
     /// such mailbox it reaches, then delivers to all. A full lossless
     /// mailbox therefore holds back every publisher of the topics it
     /// subscribes to, and only those (a publisher waiting for it holds no
-    /// room elsewhere meanwhile): the price of losing nothing. `close` ends
+    /// room meanwhile in a mailbox that had some): the price of losing
+    /// nothing. `close` ends
     /// every such wait with `Error::Closed`.
     Backpressure,
     /// NATS's slow-consumer rule: the first message that does not fit

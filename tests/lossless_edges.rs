@@ -8,7 +8,10 @@
 //!   ends a `publish_async` waiting for room at once (before, only once
 //!   the bus had drained, and a handler waiting so kept it from draining);
 //! - `a_full_lossless_mailbox_holds_back_only_the_topics_it_subscribes_to`:
-//!   a waiting publisher holds no room in a mailbox that had some.
+//!   a waiting publisher holds no room in a mailbox that had some;
+//! - and from a review of the session's own fixes,
+//!   `a_waiting_publisher_to_two_lossless_streams_is_not_starved`: it keeps
+//!   the room it waited for.
 //!
 //! The rest held before and are kept as cover: scale with random
 //! cancellation, accounting, runtime drop and shutdown, overlapping
@@ -758,6 +761,12 @@ async fn a_full_lossless_mailbox_holds_back_only_the_topics_it_subscribes_to() {
         // B: `x` only, full, never read during the test.
         let b = bus.subscribe_stream_with("x", lossless(1)).unwrap();
         bus.publish("x", 1).unwrap();
+        // A's reader takes x=1 first, so that the publisher of x=2 finds
+        // room in A (it waits only for B, and so holds nothing in A).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while a_taken.load(Ordering::SeqCst) < 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let waiting = {
             let bus = bus.clone();
             tokio::spawn(async move { bus.publish_async("x", 2).await })
@@ -792,6 +801,99 @@ async fn a_full_lossless_mailbox_holds_back_only_the_topics_it_subscribes_to() {
              publish_async(\"y\") within 5 s = {later:?} (expected Ok(Ok(1))); A, the only \
              target of `y`, had taken {taken} and held nothing"
         ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Waiting publishers are served in order, and a fast publisher cannot
+/// starve one that waits, also across two mailboxes: a publisher whose
+/// topic reaches two full lossless streams A and B keeps the slot it
+/// waited for in A while it waits for B. (A version of `reserve_waiting`
+/// within this session gave back every slot before each wait: the
+/// publisher handed A's slot to the next publisher waiting on A, queued at
+/// the back of B, found A full again, and so on, never completing while
+/// each stream's other publishers were served thousands of times.)
+///
+/// Streams: A = `a/+`, B = `+/b`, capacity 1, each read every 1 ms.
+/// Publishers: two tasks looping `publish_async("a/f")` (A only), two
+/// looping `publish_async("f/b")` (B only); the victim does one
+/// `publish_async("a/b")` (A and B). Served in order it is through within
+/// a few reads of each stream (it is at most third in either queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_publisher_to_two_lossless_streams_is_not_starved() {
+    let mut failures = Vec::new();
+    for mode in [
+        DeliveryMode::Inline,
+        DeliveryMode::WorkerPool,
+        DeliveryMode::TaskPerSubscriber,
+    ] {
+        let bus = Bus::<u32>::builder()
+            .delivery(mode)
+            .workers(2)
+            .build()
+            .unwrap();
+        let a = bus.subscribe_stream_with("a/+", lossless(1)).unwrap();
+        let b = bus.subscribe_stream_with("+/b", lossless(1)).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let read = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for mut rx in [a, b] {
+            let stop = Arc::clone(&stop);
+            let read = Arc::clone(&read);
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    match tokio::time::timeout(Duration::from_millis(50), rx.recv()).await {
+                        Ok(Some(_)) => {
+                            read.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Ok(None) => break,
+                        Err(_) => {}
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }));
+        }
+        let others = Arc::new(AtomicU64::new(0));
+        for topic in ["a/f", "a/f", "f/b", "f/b"] {
+            let bus = bus.clone();
+            let stop = Arc::clone(&stop);
+            let others = Arc::clone(&others);
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    // Bounded, so that a stop is seen even if a wait hangs.
+                    if let Ok(Ok(_)) = tokio::time::timeout(
+                        Duration::from_millis(200),
+                        bus.publish_async(topic, 0),
+                    )
+                    .await
+                    {
+                        others.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }));
+        }
+        // Let both streams fill and both queues form.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (read0, others0) = (read.load(Ordering::SeqCst), others.load(Ordering::SeqCst));
+        let started = Instant::now();
+        let victim =
+            tokio::time::timeout(Duration::from_secs(3), bus.publish_async("a/b", 1)).await;
+        let waited = started.elapsed();
+        let (read1, others1) = (read.load(Ordering::SeqCst), others.load(Ordering::SeqCst));
+        stop.store(true, Ordering::SeqCst);
+        for task in tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+        bus.close().await.ok();
+        if !matches!(victim, Ok(Ok(2))) {
+            failures.push(format!(
+                "{mode:?}: publish_async(\"a/b\") = {victim:?} after {waited:?} (expected Ok(Ok(2)) \
+                 within a few reads); meanwhile the readers read {} messages and the other \
+                 publishers completed {} publishes",
+                read1 - read0,
+                others1 - others0
+            ));
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
