@@ -17,7 +17,6 @@ mod mosquitto;
 #[path = "common/nats_server.rs"]
 mod nats_server;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -215,84 +214,6 @@ async fn mqtt_a_local_filter_with_a_control_character_does_not_take_the_bridge_d
             "b lost its connection {} times and got {delivered} of {N} (dropped {}); a: {sa:?}, b: {sb:?}",
             sb.reconnects,
             sb.dropped
-        );
-    })
-    .await;
-}
-
-// ---------------------------------------------------------------------------
-// NATS: the client's slow-consumer drops, all counted.
-// ---------------------------------------------------------------------------
-
-/// A burst on a current-thread runtime (tokio's default for
-/// `#[tokio::main(flavor = "current_thread")]` and `#[tokio::test]`)
-/// overflows the client's channel for the subscription (65,536): every
-/// message the server delivered to the node is in `received` or `dropped`.
-/// (Before, drops were counted from async-nats's `Event::SlowConsumer`,
-/// which it sends with `try_send` into a channel of 128 and discards when
-/// that is full: 384 of about 333,000 drops were counted.)
-#[tokio::test]
-async fn nats_slow_consumer_drops_are_all_counted() {
-    let server = NatsServer::start();
-    limit(120, async {
-        let b = inline_bus::<Bytes>();
-        let bb = nats_node(&b, &server.url(), "b", &[], &["flood/#"]).await;
-        let got = Arc::new(AtomicU64::new(0));
-        let g = Arc::clone(&got);
-        let _s = b
-            .subscribe("flood/#", move |_| {
-                g.fetch_add(1, Ordering::Relaxed);
-            })
-            .unwrap();
-        subscribed(&bb, 1).await; // one upstream (`flood.>` and `flood`)
-        const N: u64 = 400_000;
-        let url = server.url();
-        let publisher = std::thread::spawn(move || {
-            let rt = tokio::runtime::Runtime::new().unwrap();
-            rt.block_on(async {
-                let client = async_nats::connect(url).await.unwrap();
-                let payload = Bytes::from_static(b"12345678");
-                for _ in 0..N {
-                    client.publish("flood.x", payload.clone()).await.unwrap();
-                }
-                client.flush().await.unwrap();
-            });
-        });
-        while !publisher.is_finished() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        publisher.join().unwrap();
-        let monitor = NatsServer::monitor_only(&server);
-        let out_msgs = tokio::task::spawn_blocking(move || {
-            let mut last = 0;
-            for _ in 0..100 {
-                let now = monitor.connection("b").map_or(0, |c| c.1);
-                if now == last && now > 0 {
-                    break;
-                }
-                last = now;
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            last
-        })
-        .await
-        .unwrap();
-        let accounted = settle(
-            || {
-                let s = bb.stats();
-                s.received + s.dropped
-            },
-            Duration::from_secs(2),
-            Duration::from_secs(30),
-        )
-        .await;
-        let s: BridgeStats = bb.stats();
-        assert_eq!(s.reconnects, 0, "the test needs one unbroken connection: {s:?}");
-        assert_eq!(
-            accounted, out_msgs,
-            "the server delivered {out_msgs} messages to the node; received + dropped = {accounted} \
-             ({} handler calls): {s:?}",
-            got.load(Ordering::Relaxed)
         );
     })
     .await;

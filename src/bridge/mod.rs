@@ -83,8 +83,7 @@
 //!
 //! Files: `builder.rs` (the builder), `stats.rs` ([`BridgeStats`]),
 //! `transport.rs` (the internal engine trait), `nats.rs` and `mqtt.rs`
-//! (the engines behind it; `nats_intake.rs` counts the NATS client's
-//! slow-consumer drops), `backoff.rs` (reconnect pacing, node ids),
+//! (the engines behind it), `backoff.rs` (reconnect pacing, node ids),
 //! `mapping.rs` (topics ↔ subjects), `codec.rs` (payloads), `import.rs`
 //! (interest table, reconciler, delivery), `export.rs` (taps and sending).
 
@@ -98,8 +97,6 @@ pub mod mapping;
 mod mqtt;
 #[cfg(feature = "nats")]
 mod nats;
-#[cfg(feature = "nats")]
-mod nats_intake;
 mod stats;
 mod transport;
 

@@ -10,32 +10,26 @@
 //!   subscriptions of its table. Connection events are counted and wake the
 //!   export task, which then sends what it buffered while disconnected.
 //! - Slow consumers (the client's buffer for a subscription full) are
-//!   counted, each a dropped message, from the client's own count of what
-//!   it received against what the subscriber tasks took
-//!   (`nats_intake.rs`): not from its slow-consumer events, which it drops
-//!   beyond 128 waiting. A subscription that ends drains, so none of its
-//!   messages is left uncounted.
+//!   counted; each is a dropped message.
 //! - A message whose subject or size the server would refuse (and close the
 //!   connection for) is refused here instead, and counted as dropped. The
 //!   size is the payload and its headers (origin and metadata) together,
 //!   as the server counts it against its `max_payload`; NATS puts no limit
 //!   of its own on one header.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use async_nats::{Client, ConnectOptions, Event, HeaderMap, HeaderName, HeaderValue};
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 
 use super::backoff::Backoff;
 use super::mapping::{
     escape_header, filter_to_subjects, subject_to_topic, topic_to_subject, unescape_header,
 };
-use super::nats_intake::{Intake, DRAIN_LIMIT};
 use super::stats::Counters;
 use super::transport::{BoxFuture, Deliver, Incoming, Outgoing, SendError, Transport, Upstream};
 use crate::message::Metadata;
@@ -51,7 +45,6 @@ const MAX_SUBJECT: usize = 3_900;
 pub(crate) struct Nats {
     client: Client,
     origin: String,
-    intake: Arc<Intake>,
 }
 
 pub(crate) struct Settings {
@@ -90,11 +83,9 @@ impl Nats {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| e.to_string())?;
         let client = options.connect(servers).await.map_err(|e| e.to_string())?;
-        let intake = Intake::new(client.statistics(), stats);
         Ok(Self {
             client,
             origin: settings.origin,
-            intake,
         })
     }
 }
@@ -107,19 +98,29 @@ fn on_event(stats: &Counters, wake: &Notify, event: Event) {
             wake.notify_one();
         }
         Event::Disconnected => tracing::warn!("bridge disconnected from NATS; reconnecting"),
-        // Counted by the intake (these events are dropped beyond 128).
-        Event::SlowConsumer(sid) => tracing::debug!(sid, "NATS slow consumer"),
+        Event::SlowConsumer(sid) => {
+            Counters::add(&stats.slow_consumers, 1);
+            Counters::add(&stats.dropped, 1);
+            tracing::warn!(sid, "NATS slow consumer: the bridge dropped a message");
+        }
         Event::ServerError(error) => tracing::warn!(%error, "NATS server error"),
         Event::ClientError(error) => tracing::warn!(%error, "NATS client error"),
         other => tracing::debug!(event = %other, "NATS event"),
     }
 }
 
-/// One upstream subscription: dropped, its subscriber tasks (one per
-/// subject) are told to drain and end.
-struct NatsUpstream(Vec<oneshot::Sender<()>>);
+struct NatsUpstream(Vec<JoinHandle<()>>);
 
 impl Upstream for NatsUpstream {}
+
+impl Drop for NatsUpstream {
+    fn drop(&mut self) {
+        // Dropping the task drops its subscriber, which unsubscribes.
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
 
 impl Transport for Nats {
     fn publish<'a>(&'a self, message: &'a Outgoing) -> BoxFuture<'a, Result<(), SendError>> {
@@ -163,19 +164,24 @@ impl Transport for Nats {
                         subject.len()
                     ));
                 }
-                let subscriber = self
+                let mut subscriber = self
                     .client
                     .subscribe(subject)
                     .await
                     .map_err(|e| e.to_string())?;
-                let (stop, stopped) = oneshot::channel();
-                tasks.0.push(stop);
-                tokio::spawn(read_subscriber(
-                    subscriber,
-                    Arc::clone(&deliver),
-                    stopped,
-                    Arc::clone(&self.intake),
-                ));
+                let deliver = Arc::clone(&deliver);
+                tasks.0.push(tokio::spawn(async move {
+                    loop {
+                        let next = std::future::poll_fn(|cx| {
+                            futures_core::Stream::poll_next(Pin::new(&mut subscriber), cx)
+                        })
+                        .await;
+                        match next {
+                            Some(message) => deliver(incoming(message)),
+                            None => break,
+                        }
+                    }
+                }));
             }
             Ok(Box::new(tasks) as Box<dyn Upstream>)
         })
@@ -191,65 +197,7 @@ impl Transport for Nats {
                 let _ = tokio::time::timeout(Duration::from_secs(2), self.client.flush()).await;
             }
             let _ = tokio::time::timeout(Duration::from_secs(2), self.client.drain()).await;
-            self.intake.settle_at_close().await;
         })
-    }
-}
-
-/// A subscriber task: hands each message to `deliver` until the
-/// subscription ends; told to stop (or its upstream dropped), it drains
-/// first, so what was already on its way is taken too.
-async fn read_subscriber(
-    mut subscriber: async_nats::Subscriber,
-    deliver: Deliver,
-    stopped: oneshot::Receiver<()>,
-    intake: Arc<Intake>,
-) {
-    enum Step {
-        Stop,
-        Message(async_nats::Message),
-        End,
-    }
-    let mut mark = intake.task();
-    let mut stopped = std::pin::pin!(stopped);
-    let mut draining: Option<Pin<Box<tokio::time::Sleep>>> = None;
-    loop {
-        let step = std::future::poll_fn(|cx| {
-            match &mut draining {
-                None => {
-                    if stopped.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(Step::Stop);
-                    }
-                }
-                Some(limit) => {
-                    if limit.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(Step::End);
-                    }
-                }
-            }
-            match futures_core::Stream::poll_next(Pin::new(&mut subscriber), cx) {
-                Poll::Ready(Some(message)) => Poll::Ready(Step::Message(message)),
-                Poll::Ready(None) => Poll::Ready(Step::End),
-                Poll::Pending => {
-                    mark.idle();
-                    Poll::Pending
-                }
-            }
-        })
-        .await;
-        match step {
-            Step::Stop => {
-                if subscriber.drain().await.is_err() {
-                    break;
-                }
-                draining = Some(Box::pin(tokio::time::sleep(DRAIN_LIMIT)));
-            }
-            Step::Message(message) => {
-                mark.took();
-                deliver(incoming(message));
-            }
-            Step::End => break,
-        }
     }
 }
 
