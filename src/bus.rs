@@ -321,7 +321,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// [`Stats::dropped`](crate::Stats). (A worker runs a burst's messages
     /// to the handler in batches of up to 64, checked against the log as
     /// the batch starts: once started, a batch runs to its end.) A slow
-    /// ordered handler holds up only itself. The log keeps its messages alive until newer ones push them
+    /// ordered handler holds up only itself, as long as it leaves pool
+    /// workers free: each delivery is a pool job, so slow ordered handlers
+    /// that hold every worker fill the queue, and the `Overflow` policy
+    /// then applies to the publisher as for plain handlers (under `Wait`,
+    /// it waits). The log keeps its messages alive until newer ones push them
     /// out (or the filter's last ordered subscription is gone), even after
     /// every handler ran them.
     ///

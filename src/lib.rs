@@ -95,7 +95,7 @@
 //! | subscription | ordered? | lossy or lossless | when it is full, the publisher… |
 //! |---|---|---|---|
 //! | [`Bus::subscribe`] (handler) | no | lossless unless `Overflow::Drop`/`Error` | waits for room (`Wait`, the default), runs the work itself (`CallerRuns`), or drops and counts it |
-//! | [`Bus::subscribe_ordered`] (handler) | yes: no overlap, each publisher's order | a handler `stream_capacity` messages behind loses the oldest, counted (async: the newest) | never waits |
+//! | [`Bus::subscribe_ordered`] (handler) | yes: no overlap, each publisher's order | a handler `stream_capacity` messages behind loses the oldest, counted (async: the newest) | never waits for the handler's log; but each delivery is a job of the pool like a plain handler's, so when slow ordered handlers hold every worker and the queue fills, the `Overflow` policy applies as above |
 //! | stream, [`StreamOverflow::DropOldest`] (default) | each publisher's order | lossy: the oldest goes, counted | never waits |
 //! | stream, [`StreamOverflow::DropNewest`] | each publisher's order | lossy: the newest goes, counted | never waits |
 //! | stream, [`StreamOverflow::Backpressure`] | each publisher's order | lossless | `publish`: [`Error::Full`], reaching no one; [`Bus::publish_async`]: waits for room |
