@@ -488,7 +488,11 @@ impl Transport for Mqtt {
                 user_properties,
                 ..PublishProperties::default()
             };
-            self.shared
+            // Counted before it is handed over: the event loop may write it
+            // before this task runs again.
+            self.shared.unsettled.fetch_add(1, Ordering::AcqRel);
+            let handed = self
+                .shared
                 .client
                 .publish_with_properties(
                     &*message.topic,
@@ -497,10 +501,14 @@ impl Transport for Mqtt {
                     message.payload.clone(),
                     properties,
                 )
-                .await
-                .map_err(|_| SendError::Disconnected)?;
-            self.shared.unsettled.fetch_add(1, Ordering::AcqRel);
-            Ok(())
+                .await;
+            match handed {
+                Ok(()) => Ok(()),
+                // Not handed over: taken back, to be buffered and retried;
+                // unless the loop's end already counted it dropped.
+                Err(_) if take(&self.shared.unsettled, 1) == 1 => Err(SendError::Disconnected),
+                Err(_) => Ok(()),
+            }
         })
     }
 
