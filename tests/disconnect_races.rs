@@ -8,12 +8,72 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use blazesub::{Bus, DeliveryMode, StreamOptions, StreamOverflow, TryRecvLaggedError};
+use blazesub::{Bus, DeliveryMode, Receiver, StreamOptions, StreamOverflow, TryRecvLaggedError};
 
 const LIMIT: Duration = Duration::from_secs(10);
 
-fn opts(capacity: usize, overflow: StreamOverflow) -> StreamOptions {
-    StreamOptions::new(capacity).overflow(overflow)
+/// Rounds per test: `DISCONNECT_ROUNDS`, default 300.
+fn rounds() -> usize {
+    std::env::var("DISCONNECT_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300)
+}
+
+/// An `Inline` bus with one `Disconnect` stream of capacity 1 on `t`.
+fn bus_with_a_disconnect_stream() -> (Bus<u32>, Receiver<u32>) {
+    let bus = Bus::<u32>::builder()
+        .delivery(DeliveryMode::Inline)
+        .build()
+        .unwrap();
+    let rx = bus
+        .subscribe_stream_with(
+            "t",
+            StreamOptions::new(1).overflow(StreamOverflow::Disconnect),
+        )
+        .unwrap();
+    (bus, rx)
+}
+
+/// What a reader saw until the end.
+struct Read {
+    received: u64,
+    /// The `Lagged(n)` reports before the end, in order.
+    lagged: Vec<u64>,
+    end: TryRecvLaggedError,
+}
+
+/// Reads `rx` to its end: at once after a message, as a reader draining
+/// its mailbox does, and after a varying 0-3 µs when it found nothing, so
+/// that publishes overflow the stream soon.
+fn read_to_end(rx: &mut Receiver<u32>, round: usize) -> Read {
+    let mut read = Read {
+        received: 0,
+        lagged: Vec::new(),
+        end: TryRecvLaggedError::Empty,
+    };
+    let mut pause = round as u64 + 1;
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        assert!(Instant::now() < deadline, "reader never saw the end");
+        match rx.try_recv_lagged() {
+            Ok(_) => read.received += 1,
+            Err(TryRecvLaggedError::Lagged(n)) => read.lagged.push(n),
+            Err(TryRecvLaggedError::Empty) => {
+                pause = pause
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let until = Instant::now() + Duration::from_nanos((pause >> 33) % 3_000);
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+            }
+            Err(end) => {
+                read.end = end;
+                return read;
+            }
+        }
+    }
 }
 
 /// A `Disconnect` stream raced by several publishers. Once the reader has
@@ -27,21 +87,12 @@ fn opts(capacity: usize, overflow: StreamOverflow) -> StreamOptions {
 /// it and the reader saw the end, uncounted, in 5-9% of rounds.)
 #[test]
 fn disconnect_stream_raced_by_publishers_strands_nothing() {
-    let rounds: usize = std::env::var("DISCONNECT_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(300);
+    let rounds = rounds();
     const PUBLISHERS: usize = 3;
     let mut bad = Vec::new();
     let started = Instant::now();
     for round in 0..rounds {
-        let bus = Bus::<u32>::builder()
-            .delivery(DeliveryMode::Inline)
-            .build()
-            .unwrap();
-        let mut rx = bus
-            .subscribe_stream_with("t", opts(1, StreamOverflow::Disconnect))
-            .unwrap();
+        let (bus, mut rx) = bus_with_a_disconnect_stream();
         let stop = Arc::new(AtomicBool::new(false));
         let matched = Arc::new(AtomicU64::new(0));
         let gate = Arc::new(Barrier::new(PUBLISHERS + 1));
@@ -66,27 +117,12 @@ fn disconnect_stream_raced_by_publishers_strands_nothing() {
             })
             .collect();
         gate.wait();
-        let mut received = 0u64;
-        let mut lagged = 0u64;
-        let mut pause = round as u64 + 1;
-        let deadline = Instant::now() + LIMIT;
-        let end = loop {
-            assert!(Instant::now() < deadline, "reader never saw the end");
-            match rx.try_recv_lagged() {
-                Ok(_) => received += 1,
-                Err(TryRecvLaggedError::Lagged(n)) => lagged += n,
-                Err(TryRecvLaggedError::Empty) => {
-                    pause = pause
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let until = Instant::now() + Duration::from_nanos((pause >> 33) % 3_000);
-                    while Instant::now() < until {
-                        std::hint::spin_loop();
-                    }
-                }
-                Err(e) => break e,
-            }
-        };
+        let Read {
+            received,
+            lagged,
+            end,
+        } = read_to_end(&mut rx, round);
+        let mut lagged: u64 = lagged.iter().sum();
         // A late Lagged (the other finding) is not this test's subject.
         while let Err(TryRecvLaggedError::Lagged(n)) = rx.try_recv_lagged() {
             lagged += n;
@@ -129,21 +165,12 @@ fn disconnect_stream_raced_by_publishers_strands_nothing() {
 /// after the end.)
 #[test]
 fn disconnect_reports_lagged_before_disconnected_one_publisher() {
-    let rounds: usize = std::env::var("DISCONNECT_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(300);
+    let rounds = rounds();
     let mut missed = 0usize;
     let mut example = String::new();
     let started = Instant::now();
     for round in 0..rounds {
-        let bus = Bus::<u32>::builder()
-            .delivery(DeliveryMode::Inline)
-            .build()
-            .unwrap();
-        let mut rx = bus
-            .subscribe_stream_with("t", opts(1, StreamOverflow::Disconnect))
-            .unwrap();
+        let (bus, mut rx) = bus_with_a_disconnect_stream();
         let publisher = {
             let bus = bus.clone();
             std::thread::spawn(move || {
@@ -158,34 +185,15 @@ fn disconnect_reports_lagged_before_disconnected_one_publisher() {
                 matched
             })
         };
-        let mut events: Vec<String> = Vec::new();
-        let mut received = 0u64;
-        let mut pause = round as u64 + 1;
-        let deadline = Instant::now() + LIMIT;
-        let end = loop {
-            assert!(Instant::now() < deadline, "reader never saw the end");
-            match rx.try_recv_lagged() {
-                Ok(_) => received += 1,
-                Err(TryRecvLaggedError::Lagged(n)) => events.push(format!("Lagged({n})")),
-                Err(TryRecvLaggedError::Empty) => {
-                    // Fall a little behind (a varying 0-3 µs) so the next
-                    // publish overflows soon; after a message, read on at
-                    // once, as a reader draining its mailbox does.
-                    pause = pause
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let until = Instant::now() + Duration::from_nanos((pause >> 33) % 3_000);
-                    while Instant::now() < until {
-                        std::hint::spin_loop();
-                    }
-                }
-                Err(e) => break e,
-            }
-        };
+        let Read {
+            received,
+            lagged,
+            end,
+        } = read_to_end(&mut rx, round);
         let matched = publisher.join().unwrap();
         assert_eq!(end, TryRecvLaggedError::Disconnected);
         let after_end = rx.try_recv_lagged();
-        if events.is_empty() {
+        if lagged.is_empty() {
             missed += 1;
             if example.is_empty() {
                 example = format!(
