@@ -240,6 +240,7 @@ mod error;
 mod handler;
 mod handles;
 mod message;
+mod panic_message;
 mod registry;
 mod request;
 mod reserve;

@@ -28,6 +28,7 @@ use std::any::Any;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use crate::panic_message::panic_message;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -85,12 +86,7 @@ pub(crate) fn decode_caught<T: 'static>(
 }
 
 fn panicked(panic: &(dyn Any + Send)) -> CodecError {
-    let what = panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(non-string panic payload)");
-    CodecError(format!("the codec panicked: {what}"))
+    CodecError(format!("the codec panicked: {}", panic_message(panic)))
 }
 
 /// The default codec: `bytes::Bytes` untouched, anything else as JSON.

@@ -88,6 +88,7 @@ use tokio::runtime::Handle;
 
 use crate::config::{Batch, Config, DeliveryMode, Overflow, MIN_CHUNK};
 use crate::error::Error;
+use crate::panic_message::panic_message;
 use crate::registry::quiesce::Quiescence;
 use crate::stats::{Counters, Tally};
 
@@ -206,15 +207,10 @@ pub(super) fn report_panic(
     subscription: Option<u64>,
     panic: &(dyn std::any::Any + Send),
 ) {
-    let what = panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(non-string panic payload)");
     tracing::warn!(
         topic,
         subscription,
-        panic = what,
+        panic = panic_message(panic),
         "a subscription handler panicked; the panic was caught and counted"
     );
 }
