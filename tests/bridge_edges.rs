@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use blazesub::bridge::mapping::{subject_to_topic, topic_to_subject};
 use blazesub::bridge::{Bridge, BridgeStats, Codec, CodecError};
 use blazesub::{Bus, Metadata};
-use bridge_support::{inline_bus, limit, start_node, until, Seen};
+use bridge_support::{inline_bus, limit, start_node, subscribed, until, Seen};
 use bytes::Bytes;
 use mosquitto::Mosquitto;
 use nats_server::NatsServer;
@@ -55,17 +55,6 @@ where
     T: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
     start_node(Bridge::builder(bus).nats(url), name, exports, imports).await
-}
-
-/// Waits until `bridge` holds `n` upstream subscriptions, then a little
-/// longer for the broker's acknowledgements.
-async fn subscribed(bridge: &Bridge, n: u64) {
-    until(
-        || bridge.stats().upstream_subscriptions == n,
-        || format!("{:?}", bridge.stats()),
-    )
-    .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
 }
 
 /// Waits until `value()` has not changed for `quiet`, at most `limit`.

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use blazesub::bridge::Bridge;
 use blazesub::{Bus, Metadata};
-use bridge_support::{inline_bus, limit, start_node, until, Seen};
+use bridge_support::{inline_bus, limit, start_node, subscribed, until, Seen};
 use bytes::Bytes;
 use mosquitto::Mosquitto;
 
@@ -33,17 +33,6 @@ where
         .mqtt(url)
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
     start_node(builder, name, exports, imports).await
-}
-
-/// Waits until `bridge` holds `n` upstream subscriptions, then a little
-/// longer for the broker's SUBACKs (MQTT has no monitoring endpoint here).
-async fn subscribed(bridge: &Bridge, n: u64) {
-    until(
-        || bridge.stats().upstream_subscriptions == n,
-        || format!("{:?}", bridge.stats()),
-    )
-    .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -50,6 +50,8 @@ pub struct BridgeBuilder<T> {
     pub(crate) outgoing_buffer: usize,
     pub(crate) import_buffer: usize,
     pub(crate) backoff: (Duration, Duration),
+    /// `Some(session expiry)`: MQTT QoS 1 (see [`Self::at_least_once`]).
+    pub(crate) at_least_once: Option<Duration>,
 }
 
 impl<T: Send + Sync + 'static> BridgeBuilder<T> {
@@ -72,6 +74,7 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
             outgoing_buffer: 8_192,
             import_buffer: 65_536,
             backoff: (Duration::from_millis(50), Duration::from_secs(5)),
+            at_least_once: None,
         }
     }
 
@@ -148,12 +151,42 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
         self
     }
 
+    /// MQTT only: **at least once** (QoS 1) instead of at most once (QoS 0,
+    /// the default). Feature `mqtt`.
+    ///
+    /// - **Exports** go out with QoS 1 and count as `sent` only when the
+    ///   broker acknowledges them (a refusal in its PUBACK counts as
+    ///   `dropped`). What a lost connection left unacknowledged or unwritten
+    ///   is sent again once the bridge is back, so a message may reach the
+    ///   broker twice; and, sent again, it may come after messages
+    ///   published later. What the bridge still had not sent when it closes
+    ///   (it waits up to 2 s for acknowledgements) counts as `dropped`.
+    /// - **Imports** are subscribed with QoS 1 in a session the broker
+    ///   keeps for `session_expiry` after a disconnect: what was published
+    ///   meanwhile (as much as the broker queues) arrives on reconnecting.
+    ///   A message is acknowledged as the bridge takes it in; a full import
+    ///   queue still drops it, counted as a slow consumer.
+    /// - The session is the client id's ([`Self::name`]): a bridge started
+    ///   with the same name within `session_expiry` of the last one's end
+    ///   resumes its session, and receives what was queued for it.
+    ///
+    /// `session_expiry` is sent in whole seconds (rounded up), at most
+    /// `u32::MAX - 1` of them (longer is taken as that; MQTT's `u32::MAX`
+    /// would mean never). With NATS, `start` refuses it: core NATS is at
+    /// most once.
+    #[cfg(feature = "mqtt")]
+    pub fn at_least_once(mut self, session_expiry: Duration) -> Self {
+        self.at_least_once = Some(session_expiry);
+        self
+    }
+
     /// Connects (retrying in the background if the server is not up yet)
     /// and starts the bridge. Needs a tokio runtime.
     ///
     /// Errors: [`Error::Topic`] for an invalid filter,
     /// [`Error::InvalidArgument`] without an engine, with no filter at
-    /// all, or a zero buffer, [`Error::NoRuntime`] outside a runtime,
+    /// all, a zero buffer, or `at_least_once` with NATS,
+    /// [`Error::NoRuntime`] outside a runtime,
     /// [`Error::Closed`] if the bus is closed, and [`Error::Bridge`] if the
     /// client refuses the URL.
     ///

@@ -56,10 +56,14 @@
 //!   filters that need the same upstream filter share one MQTT subscription
 //!   (MQTT keys subscriptions by filter); every subscription carries a
 //!   subscription identifier, which routes each incoming copy to exactly
-//!   its local filters; the session starts clean and the bridge subscribes
-//!   again from its own table on every ConnAck, after a jittered backoff
+//!   its local filters; the session starts clean (unless `at_least_once`)
+//!   and the bridge subscribes again from its own table on every ConnAck, after a jittered backoff
 //!   that paces rumqttc's reconnects.
-//! - **At most once.** As core NATS. Order is kept per publisher and topic
+//! - **At most once** by default, as core NATS; over MQTT, **at least
+//!   once** with [`BridgeBuilder::at_least_once`] (QoS 1 in a session the
+//!   broker keeps: what a broken connection left unacknowledged is sent
+//!   again, and what was published while it was down arrives after it).
+//!   Order is kept per publisher and topic
 //!   (one topic always leaves through one export tap, in publish order, on
 //!   one connection). Every loss the bridge can see is counted in
 //!   [`BridgeStats::dropped`]; what the client had written to a socket the
@@ -196,6 +200,13 @@ impl Bridge {
         let transport: Arc<dyn Transport> = match engine {
             #[cfg(feature = "nats")]
             builder::Engine::Nats(url) => {
+                if builder.at_least_once.is_some() {
+                    return Err(Error::InvalidArgument {
+                        name: "at_least_once",
+                        value: url,
+                        reason: "needs MQTT: core NATS delivers at most once",
+                    });
+                }
                 let settings = nats::Settings {
                     url: url.clone(),
                     name: builder
@@ -226,6 +237,7 @@ impl Bridge {
                         .unwrap_or_else(|| format!("blazesub-{connection}")),
                     origin: origin.clone(),
                     backoff,
+                    at_least_once: builder.at_least_once,
                 };
                 Arc::new(
                     mqtt::Mqtt::connect(settings, Arc::clone(&stats), Arc::clone(&wake)).map_err(

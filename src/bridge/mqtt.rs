@@ -14,14 +14,23 @@
 //!   message delivered to every subscription whose filter matches.
 //! - **Reconnects are paced here**: rumqttc reconnects as fast as it is
 //!   polled, so after an error the event-loop task sleeps a jittered
-//!   exponential delay. The session starts clean, so on every ConnAck the
+//!   exponential delay. The session starts clean (unless
+//!   `at_least_once`, when the broker may have kept it), so on every ConnAck the
 //!   bridge subscribes again to everything in its own table (from a task
 //!   of its own: the event loop is never polled by a task that waits on the
 //!   client's request channel, and never waits on it itself).
 //! - **Closing ends the event loop**: `close` sends DISCONNECT after what
 //!   the client has queued, and the event-loop task ends once it is written
 //!   (or at once if the connection is down); nothing reconnects afterwards.
-//! - QoS 0: at most once, as the NATS transport.
+//! - **QoS 0 by default**: at most once, as the NATS transport. With
+//!   `at_least_once` (QoS 1): exports count as `sent` at the broker's
+//!   PUBACK; at a connection error the publishes rumqttc held (written and
+//!   unacknowledged, or still queued) are taken out of its `pending` list
+//!   (which a reconnect into a new session clears) and put back in front
+//!   after the next ConnAck, as new publishes; the session is kept by the
+//!   broker for the given expiry (clean start off), so imports published
+//!   while the connection was down arrive after it; `close` waits (up to
+//!   2 s) for the acknowledgements before its DISCONNECT.
 //! - A message MQTT cannot carry is refused before it reaches the client,
 //!   and counted as dropped: a packet over [`MAX_PACKET`], a topic or
 //!   metadata key or value over [`MAX_STRING`] bytes (rumqttc would write
@@ -36,7 +45,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use rumqttc::v5::mqttbytes::v5::{Filter, Packet, PublishProperties, SubscribeProperties};
+use rumqttc::v5::mqttbytes::v5::{
+    Filter, Packet, PubAckReason, PublishProperties, SubscribeProperties,
+};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions, Request};
 use rumqttc::Outgoing as Written;
@@ -96,9 +107,11 @@ struct Shared {
     /// `close` has begun: the event loop ends at the DISCONNECT or the next
     /// error instead of reconnecting.
     closing: AtomicBool,
-    /// Publishes handed to the client and not yet written nor counted
-    /// lost: see [`Shared::written`].
+    /// Publishes handed to the client and not yet written (QoS 0) or
+    /// acknowledged (QoS 1), nor counted lost: see [`Shared::written`].
     unsettled: AtomicU64,
+    /// QoS 1 for exports and imports (`at_least_once`), else QoS 0.
+    qos: QoS,
     stats: Arc<Counters>,
     /// The broker's Maximum Packet Size from its last ConnAck (0: none
     /// given). rumqttc fails the connection on a larger outgoing packet,
@@ -108,13 +121,17 @@ struct Shared {
 
 /// # Counting what the client loses
 /// rumqttc queues a publish in its request channel; at a connection error
-/// it moves what the channel holds into its `pending` list, which a
-/// clean-start reconnect clears. So a publish is `sent` only when the
-/// event loop writes it (`Event::Outgoing(Publish)`), and one cleared at a
-/// disconnect, or left queued when the loop ends, is `dropped`. `unsettled`
-/// makes each count once: whoever takes a publish out of it counts it.
+/// it moves what the channel holds (and, QoS 1, what it wrote and has no
+/// PUBACK for) into its `pending` list, which a reconnect into a new
+/// session clears. So a QoS 0 publish is `sent` only when the event loop
+/// writes it (`Event::Outgoing(Publish)`), and one cleared at a
+/// disconnect, or left queued when the loop ends, is `dropped`; a QoS 1
+/// publish is `sent` at its PUBACK, and is put back after the reconnect
+/// instead of cleared. `unsettled` makes each count once: whoever takes a
+/// publish out of it counts it.
 impl Shared {
-    /// One publish written to the connection.
+    /// One publish written to the connection (QoS 0) or acknowledged
+    /// (QoS 1).
     fn written(&self) {
         if take(&self.unsettled, 1) == 1 {
             Counters::add(&self.stats.sent, 1);
@@ -146,14 +163,20 @@ fn take(count: &AtomicU64, n: u64) -> u64 {
 }
 
 /// Takes the publishes out of the client's `pending` list after a
-/// connection error (its request channel moved there): the clean-start
-/// reconnect would clear them unsent. Returns how many.
-fn take_pending_publishes(event_loop: &mut EventLoop) -> u64 {
-    let before = event_loop.pending.len();
-    event_loop
-        .pending
-        .retain(|request| !matches!(request, Request::Publish(_)));
-    (before - event_loop.pending.len()) as u64
+/// connection error (its request channel moved there): a reconnect into a
+/// new session would clear them unsent. Keeps the other requests there.
+fn take_pending_publishes(event_loop: &mut EventLoop) -> Vec<Request> {
+    let mut publishes = Vec::new();
+    let mut rest = std::collections::VecDeque::new();
+    for request in event_loop.pending.drain(..) {
+        if matches!(request, Request::Publish(_)) {
+            publishes.push(request);
+        } else {
+            rest.push_back(request);
+        }
+    }
+    event_loop.pending = rest;
+    publishes
 }
 
 pub(crate) struct Mqtt {
@@ -169,6 +192,8 @@ pub(crate) struct Settings {
     pub(crate) client_id: String,
     pub(crate) origin: String,
     pub(crate) backoff: Backoff,
+    /// `Some(session expiry)`: QoS 1 in a session the broker keeps.
+    pub(crate) at_least_once: Option<Duration>,
 }
 
 /// `mqtt://host:port` (port 1883 if absent) → (host, port).
@@ -195,7 +220,22 @@ impl Mqtt {
     ) -> Result<Self, String> {
         let (host, port) = parse_url(&settings.url)?;
         let mut options = MqttOptions::new(settings.client_id, host, port);
-        options.set_clean_start(true);
+        let qos = match settings.at_least_once {
+            Some(expiry) => {
+                // Rounded up, and short of u32::MAX, which means never.
+                let seconds = expiry
+                    .as_secs()
+                    .saturating_add(u64::from(expiry.subsec_nanos() > 0))
+                    .min(u64::from(u32::MAX - 1)) as u32;
+                options.set_clean_start(false);
+                options.set_session_expiry_interval(Some(seconds));
+                QoS::AtLeastOnce
+            }
+            None => {
+                options.set_clean_start(true);
+                QoS::AtMostOnce
+            }
+        };
         options.set_keep_alive(Duration::from_secs(10));
         options.set_max_packet_size(Some(MAX_PACKET));
         let (client, event_loop) = AsyncClient::new(options, 1_024);
@@ -205,6 +245,7 @@ impl Mqtt {
             connected: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             unsettled: AtomicU64::new(0),
+            qos,
             stats: Arc::clone(&stats),
             broker_max_packet: AtomicU32::new(0),
         });
@@ -258,6 +299,9 @@ async fn run_event_loop(
     origin: String,
 ) {
     let attempts = AtomicU64::new(0);
+    // QoS 1: the publishes a lost connection left unacknowledged or
+    // unwritten, put back in front after the next ConnAck.
+    let mut retry: Vec<Request> = Vec::new();
     loop {
         let event = event_loop.poll().await;
         let Some(shared) = shared.upgrade() else {
@@ -273,13 +317,27 @@ async fn run_event_loop(
                 shared.connected.store(true, Ordering::Release);
                 Counters::add(&stats.connects, 1);
                 tracing::info!("bridge connected to the MQTT broker");
+                // After rumqttc cleared `pending` for a new session; before
+                // anything queued since, as they were handed over first.
+                for request in retry.drain(..).rev() {
+                    event_loop.pending.push_front(request);
+                }
                 resubscribe(&shared);
                 wake.notify_one();
             }
             Ok(Event::Incoming(Packet::Publish(publish))) => {
                 dispatch(&shared, publish, &origin, &stats);
             }
-            Ok(Event::Outgoing(Written::Publish(_))) => shared.written(),
+            Ok(Event::Outgoing(Written::Publish(_))) if shared.qos == QoS::AtMostOnce => {
+                shared.written();
+            }
+            Ok(Event::Incoming(Packet::PubAck(ack))) => match ack.reason {
+                PubAckReason::Success | PubAckReason::NoMatchingSubscribers => shared.written(),
+                reason => {
+                    shared.lost(1);
+                    tracing::warn!(?reason, "the MQTT broker refused an export");
+                }
+            },
             Ok(Event::Incoming(Packet::Disconnect(_))) => {
                 shared.connected.store(false, Ordering::Release);
             }
@@ -294,7 +352,12 @@ async fn run_event_loop(
                 return;
             }
             Err(error) => {
-                shared.lost(take_pending_publishes(&mut event_loop));
+                let publishes = take_pending_publishes(&mut event_loop);
+                if shared.qos == QoS::AtMostOnce {
+                    shared.lost(publishes.len() as u64);
+                } else {
+                    retry.extend(publishes);
+                }
                 if shared.connected.swap(false, Ordering::AcqRel) {
                     tracing::warn!(%error, "bridge disconnected from the MQTT broker; reconnecting");
                 } else {
@@ -308,8 +371,8 @@ async fn run_event_loop(
     }
 }
 
-/// Subscribes again to every filter of the table (the session started
-/// clean), from a task of its own.
+/// Subscribes again to every filter of the table (the session may be new),
+/// from a task of its own.
 fn resubscribe(shared: &Arc<Shared>) {
     let filters: Vec<(String, usize)> = lock(&shared.table)
         .by_filter
@@ -320,15 +383,21 @@ fn resubscribe(shared: &Arc<Shared>) {
         return;
     }
     let client = shared.client.clone();
+    let qos = shared.qos;
     tokio::spawn(async move {
         for (filter, id) in filters {
-            let _ = subscribe_upstream(&client, &filter, id).await;
+            let _ = subscribe_upstream(&client, &filter, id, qos).await;
         }
     });
 }
 
-async fn subscribe_upstream(client: &AsyncClient, filter: &str, id: usize) -> Result<(), String> {
-    let mut upstream = Filter::new(filter, QoS::AtMostOnce);
+async fn subscribe_upstream(
+    client: &AsyncClient,
+    filter: &str,
+    id: usize,
+    qos: QoS,
+) -> Result<(), String> {
+    let mut upstream = Filter::new(filter, qos);
     upstream.nolocal = true;
     let properties = SubscribeProperties {
         id: Some(id),
@@ -496,7 +565,7 @@ impl Transport for Mqtt {
                 .client
                 .publish_with_properties(
                     &*message.topic,
-                    QoS::AtMostOnce,
+                    self.shared.qos,
                     false,
                     message.payload.clone(),
                     properties,
@@ -556,7 +625,7 @@ impl Transport for Mqtt {
             if let Some(id) = new_id {
                 // Disconnected, the request waits in the client's queue, and
                 // the next ConnAck subscribes from the table anyway.
-                subscribe_upstream(&self.shared.client, filter, id).await?;
+                subscribe_upstream(&self.shared.client, filter, id, self.shared.qos).await?;
             }
             Ok(Box::new(upstream) as Box<dyn Upstream>)
         })
@@ -577,6 +646,14 @@ impl Transport for Mqtt {
             // queued can go out: the loop would only reconnect.
             if self.connected() {
                 let sent = async {
+                    if self.shared.qos == QoS::AtLeastOnce {
+                        // The PUBACKs of what is in flight come before the
+                        // DISCONNECT ends the loop.
+                        while self.shared.unsettled.load(Ordering::Acquire) > 0 && self.connected()
+                        {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                    }
                     let _ = self.shared.client.disconnect().await;
                     let _ = (&mut event_loop).await;
                 };

@@ -57,6 +57,18 @@ pub async fn start_node<T: Send + Sync + 'static>(
     bridge
 }
 
+/// Waits until `bridge` holds `n` upstream subscriptions, then a little
+/// longer for the engine's acknowledgements (an MQTT broker has no
+/// monitoring endpoint to ask).
+pub async fn subscribed(bridge: &Bridge, n: u64) {
+    until(
+        || bridge.stats().upstream_subscriptions == n,
+        || format!("{:?}", bridge.stats()),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
 /// One delivery: topic, payload, metadata.
 pub type Delivery = (String, Bytes, Option<Metadata>);
 

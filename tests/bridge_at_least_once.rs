@@ -1,0 +1,172 @@
+//! The MQTT bridge's `at_least_once` (QoS 1 in a session the broker keeps)
+//! against a real `mosquitto`, with the network between a bridge and the
+//! broker cut by a proxy while the broker stays up: what a lost connection
+//! had in flight is sent again, and what was published for a bridge while
+//! its connection was down reaches it after. (The default, at most once,
+//! loses both: its tests are in `bridge_mqtt.rs` and `bridge_edges.rs`.)
+//!
+//! Needs `mosquitto` (Debian: `apt-get install -y mosquitto`); without it
+//! these tests fail, never skip. Each test has a time limit.
+#![cfg(feature = "mqtt")]
+
+#[path = "common/bridge_support.rs"]
+mod bridge_support;
+#[path = "common/cut_proxy.rs"]
+mod cut_proxy;
+#[path = "common/mosquitto.rs"]
+mod mosquitto;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use blazesub::bridge::Bridge;
+use blazesub::Bus;
+use bridge_support::{inline_bus, limit, start_node, subscribed, until, Seen};
+use bytes::Bytes;
+use cut_proxy::CutProxy;
+use mosquitto::Mosquitto;
+
+const SESSION: Duration = Duration::from_secs(60);
+
+async fn node(
+    bus: &Bus<Bytes>,
+    url: &str,
+    name: &str,
+    exports: &[&str],
+    imports: &[&str],
+) -> Bridge {
+    let builder = Bridge::builder(bus)
+        .mqtt(url)
+        .at_least_once(SESSION)
+        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(100));
+    start_node(builder, name, exports, imports).await
+}
+
+fn missing(seen: &Seen, n: usize) -> Vec<usize> {
+    let got: BTreeSet<String> = seen.topics().into_iter().collect();
+    (0..n)
+        .filter(|i| !got.contains(&format!("qos/{i}")))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_in_flight_when_the_connection_breaks_are_sent_again() {
+    const N: usize = 3_000;
+    let broker = Mosquitto::start();
+    let proxy = CutProxy::start(broker.port).await;
+    limit(90, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let receiver = node(&b, &broker.url(), "alo-receiver", &[], &["qos/#"]).await;
+        let seen = Seen::default();
+        let _s = b.subscribe("qos/+", seen.handler()).unwrap();
+        subscribed(&receiver, 1).await;
+        let sender = node(&a, &proxy.url(), "alo-sender", &["qos/#"], &[]).await;
+        for i in 0..N {
+            a.publish(&format!("qos/{i}"), Bytes::from(vec![7; 256]))
+                .unwrap();
+            // Cut twice, each time right after a burst handed to the
+            // client, with publishes written and unacknowledged.
+            if i == N / 3 || i == 2 * N / 3 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                proxy.cut();
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                proxy.restore();
+                until(
+                    || sender.stats().connected,
+                    || "the sender did not come back".into(),
+                )
+                .await;
+            } else if i % 100 == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        until(
+            || missing(&seen, N).is_empty(),
+            || {
+                let gone = missing(&seen, N);
+                format!(
+                    "{} of {N} never arrived (first {:?}); sender {:?}",
+                    gone.len(),
+                    &gone[..gone.len().min(10)],
+                    sender.stats()
+                )
+            },
+        )
+        .await;
+        sender.close().await.unwrap();
+        let stats = sender.stats();
+        assert!(stats.reconnects >= 2, "the cuts were not seen: {stats:?}");
+        assert_eq!(stats.dropped, 0, "{stats:?}");
+        assert_eq!(
+            stats.sent, N as u64,
+            "each export acknowledged once: {stats:?}"
+        );
+        receiver.close().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imports_published_while_the_connection_was_down_arrive_after_it() {
+    const N: usize = 500;
+    let broker = Mosquitto::start();
+    let proxy = CutProxy::start(broker.port).await;
+    limit(60, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let sender = node(&a, &broker.url(), "alo-sender-2", &["qos/#"], &[]).await;
+        let receiver = node(&b, &proxy.url(), "alo-receiver-2", &[], &["qos/#"]).await;
+        let seen = Seen::default();
+        let _s = b.subscribe("qos/+", seen.handler()).unwrap();
+        subscribed(&receiver, 1).await;
+        proxy.cut();
+        until(
+            || !receiver.stats().connected,
+            || "the receiver did not see the cut".into(),
+        )
+        .await;
+        for i in 0..N {
+            a.publish(&format!("qos/{i}"), Bytes::from_static(b"x"))
+                .unwrap();
+        }
+        // The broker has them all (acknowledged) before the receiver is back.
+        until(
+            || sender.stats().sent == N as u64,
+            || format!("{:?}", sender.stats()),
+        )
+        .await;
+        assert_eq!(seen.len(), 0, "nothing can arrive through the cut");
+        proxy.restore();
+        until(
+            || missing(&seen, N).is_empty(),
+            || {
+                format!(
+                    "{} of {N} never arrived; receiver {:?}",
+                    missing(&seen, N).len(),
+                    receiver.stats()
+                )
+            },
+        )
+        .await;
+        let stats = receiver.stats();
+        assert_eq!(stats.dropped, 0, "{stats:?}");
+        sender.close().await.unwrap();
+        receiver.close().await.unwrap();
+    })
+    .await;
+}
+
+#[cfg(feature = "nats")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_least_once_with_nats_is_refused() {
+    let bus = inline_bus::<Bytes>();
+    let started = Bridge::builder(&bus)
+        .nats("nats://127.0.0.1:1")
+        .export("qos/#")
+        .at_least_once(SESSION)
+        .start()
+        .await;
+    match started {
+        Err(blazesub::Error::InvalidArgument { name, .. }) => assert_eq!(name, "at_least_once"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}
