@@ -172,3 +172,43 @@ async fn at_least_once_with_nats_is_refused() {
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
 }
+
+/// A bridge started with the name of one that died (its process gone, its
+/// session left on the broker with its subscriptions) starts a session of
+/// its own: the old subscriptions, which the new bridge's table does not
+/// know, would send copies of their messages under identifiers the new
+/// bridge numbers afresh (here two copies of each, for `#`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_bridge_with_a_dead_ones_name_starts_its_own_session() {
+    let broker = Mosquitto::start();
+    let proxy = CutProxy::start(broker.port).await;
+    limit(60, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let sender = node(&a, &broker.url(), "alo-sender-3", &["#"], &[]).await;
+        let first = node(&b, &proxy.url(), "alo-same", &[], &["#"]).await;
+        let old = b.subscribe("old/#", |_| {}).unwrap();
+        subscribed(&first, 1).await;
+        // Dies: nothing it does from now reaches the broker.
+        proxy.cut();
+        drop(first);
+        drop(old);
+        let second = node(&b, &broker.url(), "alo-same", &[], &["#"]).await;
+        let seen = Seen::default();
+        let _s = b.subscribe("#", seen.handler()).unwrap();
+        subscribed(&second, 1).await;
+        for i in 0..20 {
+            a.publish(&format!("old/{i}"), Bytes::from_static(b"o"))
+                .unwrap();
+        }
+        until(
+            || seen.len() >= 20,
+            || format!("{} of 20; {:?}", seen.len(), second.stats()),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(seen.len(), 20, "each message once: {:?}", seen.topics());
+        sender.close().await.unwrap();
+        second.close().await.unwrap();
+    })
+    .await;
+}

@@ -166,9 +166,10 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
     ///   meanwhile (as much as the broker queues) arrives on reconnecting.
     ///   A message is acknowledged as the bridge takes it in; a full import
     ///   queue still drops it, counted as a slow consumer.
-    /// - The session is the client id's ([`Self::name`]): a bridge started
-    ///   with the same name within `session_expiry` of the last one's end
-    ///   resumes its session, and receives what was queued for it.
+    /// - The session is this bridge's: it starts one at its first
+    ///   connection, even if an earlier bridge of the same [`Self::name`]
+    ///   left one (whose subscriptions this bridge would not know), and
+    ///   resumes it at every reconnect.
     ///
     /// `session_expiry` is sent in whole seconds (rounded up), at most
     /// `u32::MAX - 1` of them (longer is taken as that; MQTT's `u32::MAX`

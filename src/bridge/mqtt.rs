@@ -28,8 +28,10 @@
 //!   unacknowledged, or still queued) are taken out of its `pending` list
 //!   (which a reconnect into a new session clears) and put back in front
 //!   after the next ConnAck, as new publishes; the session is kept by the
-//!   broker for the given expiry (clean start off), so imports published
-//!   while the connection was down arrive after it; `close` waits (up to
+//!   broker for the given expiry (clean start off after the first
+//!   connection, which starts its own: an earlier bridge's session holds
+//!   subscriptions this table does not know), so imports published while
+//!   the connection was down arrive after it; `close` waits (up to
 //!   2 s) for the acknowledgements before its DISCONNECT.
 //! - A message MQTT cannot carry is refused before it reaches the client,
 //!   and counted as dropped: a packet over [`MAX_PACKET`], a topic or
@@ -227,7 +229,9 @@ impl Mqtt {
                     .as_secs()
                     .saturating_add(u64::from(expiry.subsec_nanos() > 0))
                     .min(u64::from(u32::MAX - 1)) as u32;
-                options.set_clean_start(false);
+                // The first connection starts a session of its own (see
+                // the ConnAck); reconnects resume it.
+                options.set_clean_start(true);
                 options.set_session_expiry_interval(Some(seconds));
                 QoS::AtLeastOnce
             }
@@ -314,6 +318,13 @@ async fn run_event_loop(
                     .broker_max_packet
                     .store(broker_max.unwrap_or(0), Ordering::Release);
                 attempts.store(0, Ordering::Relaxed);
+                if shared.qos == QoS::AtLeastOnce {
+                    // Resume this session from now on. Not at the first
+                    // connection: a session left by an earlier bridge of
+                    // the same name holds subscriptions this bridge's table
+                    // does not know, whose identifiers it numbers afresh.
+                    event_loop.options.set_clean_start(false);
+                }
                 shared.connected.store(true, Ordering::Release);
                 Counters::add(&stats.connects, 1);
                 tracing::info!("bridge connected to the MQTT broker");
