@@ -937,9 +937,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
 
     /// A snapshot of the bus's counters.
     pub fn stats(&self) -> Stats {
+        // First: it removes (and counts) what has expired.
+        let retained = self.inner.retained.len(&self.inner.env.counters) as u64;
         let mut stats = self.inner.env.counters.snapshot();
         stats.subscriptions = self.subscriptions_count();
-        stats.retained = self.inner.retained.len() as u64;
+        stats.retained = retained;
         stats
     }
 

@@ -239,7 +239,9 @@ pub struct Config {
     /// it until it is replaced, cleared or evicted. An expired message is
     /// removed (and counted in
     /// [`Stats::retained_expired`](crate::Stats::retained_expired)) by the
-    /// next retained operation, and never handed to a subscription.
+    /// next retained operation (`Bus::retained_count` and `Bus::stats`
+    /// among them), and never handed to a subscription. One too long for
+    /// the clock to add (`Duration::MAX`) never expires.
     #[serde(with = "option_duration_text")]
     pub retained_expiry: Option<Duration>,
     /// How a shared subscription group picks its member. Default

@@ -61,6 +61,11 @@
 //! `subscribe` returns; live messages that arrive meanwhile wait in a
 //! backlog (up to `Config::stream_capacity`; beyond it they are delivered at
 //! once, still exactly once) and are delivered after it, in arrival order.
+//! The subscriber holds a publish token from before the subscription is
+//! visible until the backlog is empty, so `close` waits for the snapshot and
+//! the backlog (whose live messages their publishers' runners counted
+//! finished when they handed them over), and an async handler's futures
+//! among them are admitted under that token even once `close` has begun.
 //!
 //! # Before the first retained message
 //! Most buses never retain anything, and their subscribes should not pay for
@@ -207,9 +212,17 @@ impl<T> RetainedStore<T> {
         self.in_use.load(Ordering::Relaxed)
     }
 
-    /// Topics retained now.
-    pub(crate) fn len(&self) -> usize {
-        self.len.load(Ordering::Relaxed)
+    /// Topics retained now: with an expiry, what has expired is removed
+    /// first (counted), so it is not counted here.
+    pub(crate) fn len(&self, counters: &Counters) -> usize {
+        if self.expiry.is_none() || !self.in_use() {
+            return self.len.load(Ordering::Relaxed);
+        }
+        let mut garbage = Garbage::new();
+        let len = self.lock_fresh(&mut garbage, counters).by_seq.len();
+        // The expired messages are dropped here, after the lock.
+        drop(garbage);
+        len
     }
 
     fn lock(&self) -> MutexGuard<'_, Store<T>> {
@@ -267,7 +280,10 @@ impl<T> RetainedStore<T> {
         // Read under the lock: expiries then follow the numbers, which is
         // the order the store lets them expire in (it stops at the first
         // message not yet due).
-        let expires = self.expiry.map(|expiry| crate::sync::now() + expiry);
+        // Past what an `Instant` can hold (`Duration::MAX`, say): never.
+        let expires = self
+            .expiry
+            .and_then(|expiry| crate::sync::now().checked_add(expiry));
         store.seq += 1;
         let seq = store.seq;
         let message = make(seq);
@@ -734,7 +750,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
 
     /// How many topics have a retained message now.
     pub fn retained_count(&self) -> usize {
-        self.inner.retained.len()
+        self.inner.retained.len(&self.inner.env.counters)
     }
 
     /// Subscribes a handler (not shared) with its retained snapshot.
@@ -749,6 +765,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let mut sink = Some(sink);
         let mut made: Option<(Arc<dyn EntryControl>, Arc<str>)> = None;
         let mut primed: Option<Arc<Subscriber<T, Primed<T, S>>>> = None;
+        // Taken with a snapshot, before the subscription is visible, and
+        // held until the snapshot and the live messages held back behind it
+        // are delivered: `close` waits for those (their runners counted the
+        // held-back ones finished when they handed them over).
+        let mut running = None;
         let snapshot = loop {
             let mut garbage = Garbage::new();
             let mut released = Released::new();
@@ -765,6 +786,17 @@ impl<T: Send + Sync + 'static> Bus<T> {
             };
             let after = snapshot.after;
             let refuse = || skip_store && inner.retained.in_use();
+            if !snapshot.messages.is_empty() && running.is_none() {
+                match env.counters.begin_publish() {
+                    Ok(token) => running = Some(token),
+                    Err(closed) => {
+                        drop(store);
+                        // The user's handler goes after the lock.
+                        drop((garbage, sink));
+                        return Err(closed);
+                    }
+                }
+            }
             let inserted = if snapshot.messages.is_empty() {
                 plain = Some(|filter: Arc<str>| {
                     let sink = sink.take().expect("the trie makes one entry");
@@ -810,7 +842,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         if let Some(entry) = primed {
             for origin in &snapshot.messages {
                 let copy = Arc::new(Message::retained_copy(origin));
-                deliver_now(&entry.sink.inner, &copy, env);
+                deliver_now(&entry.sink.inner, &copy, env, running.as_mut());
             }
             drop(snapshot);
             loop {
@@ -825,10 +857,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 for message in batch {
                     // Its runner counted it as delivered already.
                     env.counters.retract_delivered(1);
-                    deliver_now(&entry.sink.inner, &message, env);
+                    deliver_now(&entry.sink.inner, &message, env, running.as_mut());
                 }
             }
         }
+        drop(running);
         Ok(subscription)
     }
 

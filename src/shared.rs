@@ -393,7 +393,7 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
                     // may have left with others queued): delivered here, on
                     // the publisher's thread, as under `CallerRuns`.
                     state.picked();
-                    deliver_now(&entry.sink, &message, &self.env);
+                    deliver_now(&entry.sink, &message, &self.env, None);
                 }
                 Some(Member::Stream { entry, .. }) => {
                     let dropped = entry.sink.push_or_return(message, &mut pending);

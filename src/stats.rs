@@ -75,7 +75,8 @@ pub struct Stats {
     /// `Inline` publishes refused because handlers nested publishes too deep
     /// (`Error::RecursionLimit`).
     pub recursion_refused: u64,
-    /// Topics retained now ([`Bus::publish_retained`](crate::Bus::publish_retained)).
+    /// Topics retained now ([`Bus::publish_retained`](crate::Bus::publish_retained)),
+    /// expired ones removed first.
     pub retained: u64,
     /// Retained messages evicted to keep within
     /// [`Config::max_retained`](crate::Config::max_retained) (the topic
