@@ -212,3 +212,41 @@ async fn a_new_bridge_with_a_dead_ones_name_starts_its_own_session() {
     })
     .await;
 }
+
+/// A broker whose Maximum QoS is 0 closes the connection of a client that
+/// publishes with QoS 1: the bridge publishes with the broker's maximum,
+/// rather than reconnecting forever with the same publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_allows_only_qos_0_gets_qos_0() {
+    const N: usize = 200;
+    let broker = Mosquitto::start_with("max_qos 0\n");
+    limit(60, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let receiver = node(&b, &broker.url(), "alo-receiver-4", &[], &["qos/#"]).await;
+        let seen = Seen::default();
+        let _s = b.subscribe("qos/+", seen.handler()).unwrap();
+        subscribed(&receiver, 1).await;
+        let sender = node(&a, &broker.url(), "alo-sender-4", &["qos/#"], &[]).await;
+        for i in 0..N {
+            a.publish(&format!("qos/{i}"), Bytes::from_static(b"x"))
+                .unwrap();
+        }
+        until(
+            || missing(&seen, N).is_empty(),
+            || {
+                format!(
+                    "{} of {N} never arrived; sender {:?}",
+                    missing(&seen, N).len(),
+                    sender.stats()
+                )
+            },
+        )
+        .await;
+        sender.close().await.unwrap();
+        let stats = sender.stats();
+        assert_eq!(stats.reconnects, 0, "{stats:?}");
+        assert_eq!((stats.sent, stats.dropped), (N as u64, 0), "{stats:?}");
+        receiver.close().await.unwrap();
+    })
+    .await;
+}

@@ -171,6 +171,10 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
     ///   left one (whose subscriptions this bridge would not know), and
     ///   resumes it at every reconnect.
     ///
+    /// - A broker whose Maximum QoS is 0 (its ConnAck says so) gets QoS 0
+    ///   exports, logged: it would close the connection at each QoS 1
+    ///   publish.
+    ///
     /// `session_expiry` is sent in whole seconds (rounded up), at most
     /// `u32::MAX - 1` of them (longer is taken as that; MQTT's `u32::MAX`
     /// would mean never). With NATS, `start` refuses it: core NATS is at

@@ -114,6 +114,10 @@ struct Shared {
     unsettled: AtomicU64,
     /// QoS 1 for exports and imports (`at_least_once`), else QoS 0.
     qos: QoS,
+    /// The broker's ConnAck said its Maximum QoS is 0: exports go with
+    /// QoS 0 even with `at_least_once` (it closes the connection of a
+    /// client that publishes with more).
+    broker_qos_0: AtomicBool,
     stats: Arc<Counters>,
     /// The broker's Maximum Packet Size from its last ConnAck (0: none
     /// given). rumqttc fails the connection on a larger outgoing packet,
@@ -132,6 +136,15 @@ struct Shared {
 /// instead of cleared. `unsettled` makes each count once: whoever takes a
 /// publish out of it counts it.
 impl Shared {
+    /// The QoS exports go with now.
+    fn export_qos(&self) -> QoS {
+        if self.broker_qos_0.load(Ordering::Acquire) {
+            QoS::AtMostOnce
+        } else {
+            self.qos
+        }
+    }
+
     /// One publish written to the connection (QoS 0) or acknowledged
     /// (QoS 1).
     fn written(&self) {
@@ -250,6 +263,7 @@ impl Mqtt {
             closing: AtomicBool::new(false),
             unsettled: AtomicU64::new(0),
             qos,
+            broker_qos_0: AtomicBool::new(false),
             stats: Arc::clone(&stats),
             broker_max_packet: AtomicU32::new(0),
         });
@@ -313,10 +327,21 @@ async fn run_event_loop(
         };
         match event {
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                let broker_max = ack.properties.and_then(|p| p.max_packet_size);
+                let broker_max = ack.properties.as_ref().and_then(|p| p.max_packet_size);
                 shared
                     .broker_max_packet
                     .store(broker_max.unwrap_or(0), Ordering::Release);
+                let qos_0 = ack.properties.as_ref().and_then(|p| p.max_qos) == Some(0);
+                if qos_0 && shared.qos == QoS::AtLeastOnce {
+                    tracing::warn!("the MQTT broker allows QoS 0 only: exports go at most once");
+                    for request in &mut retry {
+                        if let Request::Publish(publish) = request {
+                            publish.qos = QoS::AtMostOnce;
+                            publish.pkid = 0;
+                        }
+                    }
+                }
+                shared.broker_qos_0.store(qos_0, Ordering::Release);
                 attempts.store(0, Ordering::Relaxed);
                 if shared.qos == QoS::AtLeastOnce {
                     // Resume this session from now on. Not at the first
@@ -339,9 +364,9 @@ async fn run_event_loop(
             Ok(Event::Incoming(Packet::Publish(publish))) => {
                 dispatch(&shared, publish, &origin, &stats);
             }
-            Ok(Event::Outgoing(Written::Publish(_))) if shared.qos == QoS::AtMostOnce => {
-                shared.written();
-            }
+            // A QoS 0 publish (packet id 0) is settled once written, a
+            // QoS 1 one at its PUBACK.
+            Ok(Event::Outgoing(Written::Publish(0))) => shared.written(),
             Ok(Event::Incoming(Packet::PubAck(ack))) => match ack.reason {
                 PubAckReason::Success | PubAckReason::NoMatchingSubscribers => shared.written(),
                 reason => {
@@ -576,7 +601,7 @@ impl Transport for Mqtt {
                 .client
                 .publish_with_properties(
                     &*message.topic,
-                    self.shared.qos,
+                    self.shared.export_qos(),
                     false,
                     message.payload.clone(),
                     properties,
