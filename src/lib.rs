@@ -219,7 +219,8 @@
 //! through a NATS server or an MQTT 5 broker: local publishes matching its export filters go
 //! out, remote ones matching its import filters come in, with one upstream
 //! subscription per distinct local filter, exactly one delivery per
-//! subscriber, and no loops. At most once; every loss counted. See the
+//! subscriber, and no loops. At most once (at least once over MQTT, as an
+//! option); every loss counted. See the
 //! `bridge` module (built with `--features nats` or `mqtt`) and `docs/bridge.md`.
 
 // `unsafe` only where a benchmark showed it pays, each use allowed where it
