@@ -395,6 +395,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         self.check_ordered_filter(filter)?;
         let inner = &self.inner;
         let ordered = Arc::new(Ordered::new(Box::new(handler), Arc::clone(&inner.env)));
+        ordered.release_when_removed();
         let running = ordered.running();
         let consumer: Consumer = ordered;
         let id = self.next_id();

@@ -27,7 +27,7 @@
 
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
@@ -44,7 +44,11 @@ pub(crate) type AsyncCall<T> = dyn Fn(Arc<Message<T>>) -> BoxFuture + Send + Syn
 
 /// One async ordered subscription's drain.
 pub(crate) struct Ordered<T> {
-    handler: Box<AsyncCall<T>>,
+    /// Taken out (and dropped) by `unsubscribe_and_wait` once no call of it
+    /// runs (see [`Self::release_when_removed`]): the drain may hold the
+    /// subscription a while longer, skipping what is still queued. A call
+    /// clones it out of the lock, so no user code runs under it.
+    handler: Mutex<Option<Arc<AsyncCall<T>>>>,
     /// The calls in progress, as `unsubscribe_and_wait` sees them (the
     /// mailbox reports the same tracker).
     running: Arc<Running>,
@@ -55,7 +59,7 @@ pub(crate) struct Ordered<T> {
 impl<T: Send + Sync + 'static> Ordered<T> {
     pub(crate) fn new(handler: Box<AsyncCall<T>>, env: Arc<Env>) -> Self {
         Self {
-            handler,
+            handler: Mutex::new(Some(Arc::from(handler))),
             running: Arc::new(Running::new(env.quiescence.id())),
             scheduled: AtomicBool::new(false),
             env,
@@ -65,6 +69,24 @@ impl<T: Send + Sync + 'static> Ordered<T> {
     /// The handler's calls in progress.
     pub(crate) fn running(&self) -> Arc<Running> {
         Arc::clone(&self.running)
+    }
+
+    /// Lets `unsubscribe_and_wait`, once no call runs, drop the handler
+    /// (and what it captured) rather than leave it to the drain's end.
+    pub(crate) fn release_when_removed(self: &Arc<Self>) {
+        let ordered = Arc::downgrade(self);
+        self.running.on_removed(Box::new(move || {
+            if let Some(ordered) = ordered.upgrade() {
+                let handler = lock(&ordered.handler).take();
+                // The user's closure goes after the lock.
+                drop(handler);
+            }
+        }));
+    }
+
+    /// The handler, unless it was released.
+    fn handler(&self) -> Option<Arc<AsyncCall<T>>> {
+        lock(&self.handler).clone()
     }
 
     /// Clears `scheduled`; true if a message arrived meanwhile and this
@@ -114,26 +136,34 @@ impl<T: Send + Sync + 'static> Ordered<T> {
                 // (inside a presence), and the future is tracked before it
                 // leaves: a grace period either sees this call, or it
                 // started after the flag was cleared and this sees that.
+                // A panic in the `Fn` body is caught as one in the future:
+                // that call counts as a panic and the drain goes on.
                 let tracked = {
                     let _presence = self.env.quiescence.enter();
-                    entry
-                        .is_active()
-                        .then(|| self.running.track((self.handler)(Arc::clone(&message))))
+                    let handler = entry.is_active().then(|| self.handler()).flatten();
+                    handler.map(|handler| {
+                        catch_unwind(AssertUnwindSafe(|| {
+                            self.running.track(handler(Arc::clone(&message)))
+                        }))
+                    })
                 };
-                if let Some(tracked) = tracked {
-                    // Counted until it completes or is dropped.
-                    let tracked = std::pin::pin!(tracked);
-                    let outcome = CatchUnwind(AssertUnwindSafe(tracked)).await;
-                    settle.tally.dropped = 0;
-                    match outcome {
-                        Ok(()) => settle.tally.delivered = 1,
-                        Err(panic) => {
-                            settle.tally.panics = 1;
-                            report_panic(message.topic(), Some(entry.id()), panic.as_ref());
-                        }
+                let outcome = match tracked {
+                    Some(Ok(tracked)) => {
+                        // Counted as dropped until it completes.
+                        let tracked = std::pin::pin!(tracked);
+                        Some(CatchUnwind(AssertUnwindSafe(tracked)).await)
                     }
-                } else {
-                    settle.tally.dropped = 0;
+                    Some(Err(panic)) => Some(Err(panic)),
+                    None => None,
+                };
+                settle.tally.dropped = 0;
+                match outcome {
+                    Some(Ok(())) => settle.tally.delivered = 1,
+                    Some(Err(panic)) => {
+                        settle.tally.panics = 1;
+                        report_panic(message.topic(), Some(entry.id()), panic.as_ref());
+                    }
+                    None => {}
                 }
             }
             if !self.release_or_continue(entry) {
@@ -150,6 +180,10 @@ impl<T: Send + Sync + 'static> Ordered<T> {
         fence(Ordering::SeqCst);
         !self.scheduled.swap(true, Ordering::SeqCst)
     }
+}
+
+fn lock<V>(mutex: &Mutex<V>) -> std::sync::MutexGuard<'_, V> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The drain behind an ordered subscription's entry.

@@ -145,7 +145,15 @@ impl Subscription {
     /// stack are not waited for. The wait may last longer than the handler's
     /// own calls: it waits for every runner that was delivering anything when
     /// it began (runners report per batch, not per delivery, which keeps
-    /// delivery cheap).
+    /// delivery cheap). Two consequences, known and not yet designed away:
+    /// - **Two handlers that block on it at once** (each on its own
+    ///   subscription, on two threads; or two async handlers finished in
+    ///   place at the task cap) wait for each other's runner forever. In a
+    ///   handler, [`Self::unsubscribe`] (which does not wait) is safe.
+    /// - **A sync ordered handler fed faster than it runs** keeps its
+    ///   runner delivering (`Inline` and `TaskPerSubscriber`: the runner
+    ///   catches up on what arrives meanwhile), so a wait that begins then,
+    ///   for any subscription of the bus, lasts until it has caught up.
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
@@ -184,6 +192,7 @@ impl Subscription {
             quiescence.wait_for_readers().await;
             if let Some(running) = running {
                 running.wait_idle().await;
+                running.removed();
             }
         }
     }

@@ -403,6 +403,9 @@ pub(crate) struct Running {
     finished: Notify,
     /// An ordered subscription's mailbox, set once it exists.
     behind: std::sync::OnceLock<Weak<dyn QueuedBehind>>,
+    /// What `unsubscribe_and_wait` runs once no delivery runs: an async
+    /// ordered subscription's drain lets go of its handler.
+    removed: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Running {
@@ -412,6 +415,7 @@ impl Running {
             count: AtomicUsize::new(0),
             finished: Notify::new(),
             behind: std::sync::OnceLock::new(),
+            removed: std::sync::OnceLock::new(),
         }
     }
 
@@ -419,6 +423,19 @@ impl Running {
     /// `close` called inside one does not wait for what is queued behind it.
     pub(crate) fn queue_behind(&self, mailbox: Weak<dyn QueuedBehind>) {
         let _ = self.behind.set(mailbox);
+    }
+
+    /// Sets what [`Self::removed`] runs.
+    pub(crate) fn on_removed(&self, release: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.removed.set(release);
+    }
+
+    /// The subscription was removed and none of its deliveries runs (what
+    /// `unsubscribe_and_wait` waited for).
+    pub(crate) fn removed(&self) {
+        if let Some(release) = self.removed.get() {
+            release();
+        }
     }
 
     fn key(self: &Arc<Self>) -> usize {
