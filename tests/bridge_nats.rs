@@ -819,10 +819,20 @@ async fn close_stops_import_deliveries_and_counts_what_was_queued() {
             subscriptions_of(&monitor, "b") == 1
         })
         .await;
+        let sent_before = server.varz_field("out_msgs").unwrap();
         for n in 0..100 {
             a.publish(&format!("q/{n}"), Bytes::from_static(b"x"))
                 .unwrap();
         }
+        // All 100 on their way to b (what is still in the socket when it
+        // unsubscribes is the at-most-once gap, uncounted by design), and a
+        // moment for its client to read them.
+        let monitor = server_ref(&server);
+        eventually("the server sent b all 100", move || {
+            monitor.varz_field("out_msgs").unwrap() - sent_before >= 100
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
         until(
             || handled.load(Ordering::Relaxed) >= 5,
             || format!("{:?}", bb.stats()),

@@ -27,7 +27,8 @@
 //! # Closing
 //! On stop, each tap is closed (a publish from then on is refused by it,
 //! and counted as lost if the tap owns it), and what it still holds is
-//! taken: sent if the connection is up, else counted as dropped; then the
+//! taken: sent if the connection is up (for up to 2 s: a client whose
+//! queue stays full must not hold the close), else counted as dropped; then the
 //! taps' final `lost()` growth is added. A publish that passed the tap's
 //! closed check an instant before the close but lands after the last read
 //! is the one loss this cannot see.
@@ -45,6 +46,9 @@ use tokio::sync::Notify;
 use super::codec::{encode_caught, Codec};
 use super::stats::Counters;
 use super::transport::{Outgoing, SendError, Transport};
+
+/// How long a closing exporter goes on sending what it holds.
+const CLOSING_FLUSH: Duration = Duration::from_secs(2);
 use crate::handles::Receiver;
 use crate::message::Message;
 use crate::registry::mailbox::Owns;
@@ -105,35 +109,56 @@ impl<T: Send + Sync + 'static> Exporter<T> {
                     },
                 }
             };
-            match next {
-                Next::Flush => self.flush(&mut outbox).await,
+            let stopped = match next {
+                Next::Flush => !self.flush(&mut outbox).await,
                 Next::Message(i, message) => {
                     next_tap = (i + 1) % self.taps.len();
                     self.count_lost(i, &mut lost_seen);
-                    if let Some(outgoing) = self.outgoing(i, &message) {
-                        self.push(&mut outbox, outgoing);
-                        self.flush(&mut outbox).await;
+                    match self.outgoing(i, &message) {
+                        Some(outgoing) => {
+                            self.push(&mut outbox, outgoing);
+                            !self.flush(&mut outbox).await
+                        }
+                        None => false,
                     }
                 }
+            };
+            if stopped {
+                break;
             }
         }
-        // Closing: what the taps hold was accepted; send it or count it.
+        // Closing: what the taps hold was accepted; send it (for at most
+        // `CLOSING_FLUSH`: a client whose queue stays full, its link
+        // stalled, must not hold the close) or count it.
+        let deadline = tokio::time::Instant::now() + CLOSING_FLUSH;
+        let mut sending = true;
         for i in 0..self.taps.len() {
             self.taps[i].close_tap();
             while let Ok(message) = self.taps[i].try_recv() {
                 if let Some(outgoing) = self.outgoing(i, &message) {
                     self.push(&mut outbox, outgoing);
-                    if self.transport.connected() {
-                        self.flush(&mut outbox).await;
+                    if sending && self.transport.connected() {
+                        sending = self.flush_until(deadline, &mut outbox).await;
                     }
                 }
             }
             self.count_lost(i, &mut lost_seen);
         }
-        if self.transport.connected() {
-            self.flush(&mut outbox).await;
+        if sending && self.transport.connected() {
+            self.flush_until(deadline, &mut outbox).await;
         }
         Counters::add(&self.stats.dropped, outbox.len() as u64);
+    }
+
+    /// [`Self::flush`] until `deadline`; false once it has passed.
+    async fn flush_until(
+        &self,
+        deadline: tokio::time::Instant,
+        outbox: &mut VecDeque<Outgoing>,
+    ) -> bool {
+        tokio::time::timeout_at(deadline, self.flush(outbox))
+            .await
+            .is_ok()
     }
 
     /// Adds tap `i`'s losses since the last look to `dropped`.
@@ -173,20 +198,30 @@ impl<T: Send + Sync + 'static> Exporter<T> {
         outbox.push_back(outgoing);
     }
 
-    /// Sends the buffered messages in order while the connection is up.
-    async fn flush(&self, outbox: &mut VecDeque<Outgoing>) {
+    /// Sends the buffered messages in order while the connection is up;
+    /// false if `stop` came meanwhile (the client's queue may stay full,
+    /// its link stalled: that must not keep the bridge from closing).
+    /// Cancel-safe: a message leaves the outbox once the transport has it.
+    async fn flush(&self, outbox: &mut VecDeque<Outgoing>) -> bool {
         while let Some(outgoing) = outbox.front() {
             if !self.transport.connected() {
-                return;
+                return true;
             }
-            match self.transport.publish(outgoing).await {
+            // The publish first: `stop` is looked at (and its waiter
+            // registered) only while the publish waits.
+            let sent = tokio::select! {
+                biased;
+                sent = self.transport.publish(outgoing) => sent,
+                () = self.stop.notified() => return false,
+            };
+            match sent {
                 Ok(()) => {
                     if !self.transport.counts_sent() {
                         Counters::add(&self.stats.sent, 1);
                     }
                     outbox.pop_front();
                 }
-                Err(SendError::Disconnected) => return,
+                Err(SendError::Disconnected) => return true,
                 Err(SendError::Refused(reason)) => {
                     Counters::add(&self.stats.dropped, 1);
                     tracing::warn!(topic = %outgoing.topic, %reason, "bridge: the engine would refuse this message; dropped");
@@ -194,6 +229,7 @@ impl<T: Send + Sync + 'static> Exporter<T> {
                 }
             }
         }
+        true
     }
 }
 

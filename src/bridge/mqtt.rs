@@ -42,10 +42,10 @@
 //!   filter with one is not subscribed upstream (logged), so it cannot keep
 //!   the connection down by being subscribed again on each ConnAck.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rumqttc::v5::mqttbytes::v5::{
     Filter, Packet, PubAckReason, PublishProperties, SubscribeProperties,
@@ -174,6 +174,29 @@ fn take(count: &AtomicU64, n: u64) -> u64 {
     }) {
         Ok(before) => before.min(n),
         Err(_) => 0,
+    }
+}
+
+/// A publish counted in `unsettled` and not yet handed to the client: taken
+/// back out of the count unless handed over, however its future ends.
+struct Unhanded<'a>(Option<&'a AtomicU64>);
+
+impl Unhanded<'_> {
+    fn handed(mut self) {
+        self.0 = None;
+    }
+
+    /// Takes it back; false if the event loop's end counted it already.
+    fn take_back(mut self) -> bool {
+        self.0.take().is_some_and(|count| take(count, 1) == 1)
+    }
+}
+
+impl Drop for Unhanded<'_> {
+    fn drop(&mut self) {
+        if let Some(count) = self.0.take() {
+            take(count, 1);
+        }
     }
 }
 
@@ -316,11 +339,19 @@ async fn run_event_loop(
     backoff: Backoff,
     origin: String,
 ) {
-    let attempts = AtomicU64::new(0);
+    let mut attempts = 0;
+    let mut connected_at: Option<Instant> = None;
     // QoS 1: the publishes a lost connection left unacknowledged or
-    // unwritten, put back in front after the next ConnAck.
-    let mut retry: Vec<Request> = Vec::new();
+    // unwritten, handed back to rumqttc once connected (`feed_retry`).
+    let mut retry: VecDeque<Request> = VecDeque::new();
+    // rumqttc's window for QoS 1 publishes: the broker's Receive Maximum.
+    let mut window = u16::MAX;
     loop {
+        if connected_at.is_some() && !retry.is_empty() {
+            if let Some(shared) = shared.upgrade() {
+                feed_retry(&mut event_loop, &mut retry, window, &shared);
+            }
+        }
         let event = event_loop.poll().await;
         let Some(shared) = shared.upgrade() else {
             return;
@@ -342,7 +373,12 @@ async fn run_event_loop(
                     }
                 }
                 shared.broker_qos_0.store(qos_0, Ordering::Release);
-                attempts.store(0, Ordering::Relaxed);
+                window = ack
+                    .properties
+                    .as_ref()
+                    .and_then(|p| p.receive_max)
+                    .unwrap_or(u16::MAX);
+                connected_at = Some(Instant::now());
                 if shared.qos == QoS::AtLeastOnce {
                     // Resume this session from now on. Not at the first
                     // connection: a session left by an earlier bridge of
@@ -353,11 +389,6 @@ async fn run_event_loop(
                 shared.connected.store(true, Ordering::Release);
                 Counters::add(&stats.connects, 1);
                 tracing::info!("bridge connected to the MQTT broker");
-                // After rumqttc cleared `pending` for a new session; before
-                // anything queued since, as they were handed over first.
-                for request in retry.drain(..).rev() {
-                    event_loop.pending.push_front(request);
-                }
                 resubscribe(&shared);
                 wake.notify_one();
             }
@@ -400,10 +431,68 @@ async fn run_event_loop(
                     tracing::debug!(%error, "MQTT connect failed");
                 }
                 drop(shared);
-                let attempt = attempts.fetch_add(1, Ordering::Relaxed) as usize;
-                tokio::time::sleep(backoff.delay(attempt)).await;
+                // The delay grows until a connection has held a while: one
+                // that a broker ends at once (what it cannot take, sent
+                // again at every ConnAck) is not retried at the shortest.
+                if connected_at
+                    .take()
+                    .is_some_and(|at| at.elapsed() >= STEADY_CONNECTION)
+                {
+                    attempts = 0;
+                }
+                tokio::time::sleep(backoff.delay(attempts)).await;
+                attempts += 1;
             }
         }
+    }
+}
+
+/// A connection that held this long resets the reconnect delay.
+const STEADY_CONNECTION: Duration = Duration::from_secs(1);
+
+/// QoS 1: hands the next publish to send again to rumqttc, when rumqttc
+/// would read a new request itself: its window has room and no packet id
+/// collision waits. rumqttc writes its `pending` list without that check,
+/// and holds only one publish whose packet id is still in flight: others
+/// would be lost (a link with some latency lost 64–71% of 1,000). One at a
+/// time, as each written publish is an event that comes back here; with a
+/// packet id from the window. One over the broker's Maximum Packet Size (a
+/// broker restarted with a smaller one) is dropped and counted: rumqttc
+/// would fail each connection on it.
+fn feed_retry(
+    event_loop: &mut EventLoop,
+    retry: &mut VecDeque<Request>,
+    window: u16,
+    shared: &Shared,
+) {
+    let busy = event_loop
+        .pending
+        .iter()
+        .any(|request| matches!(request, Request::Publish(_)))
+        || event_loop.state.inflight() >= window
+        || event_loop.state.collision.is_some();
+    if busy {
+        return;
+    }
+    let broker_max = shared.broker_max_packet.load(Ordering::Acquire) as usize;
+    while let Some(request) = retry.pop_front() {
+        let Request::Publish(mut publish) = request else {
+            continue;
+        };
+        // With its packet id (2 bytes), which `size` leaves out at id 0.
+        let size = publish.size() + 2;
+        if broker_max > 0 && size > broker_max {
+            shared.lost(1);
+            tracing::warn!(
+                size,
+                broker_max,
+                "an export to send again is over the MQTT broker's Maximum Packet Size; dropped"
+            );
+            continue;
+        }
+        publish.pkid = 0;
+        event_loop.pending.push_back(Request::Publish(publish));
+        return;
     }
 }
 
@@ -594,8 +683,11 @@ impl Transport for Mqtt {
                 ..PublishProperties::default()
             };
             // Counted before it is handed over: the event loop may write it
-            // before this task runs again.
+            // before this task runs again. Taken back if it is not handed
+            // over, also if this future is dropped while it waits for room
+            // in the client's queue (a closing exporter stops waiting).
             self.shared.unsettled.fetch_add(1, Ordering::AcqRel);
+            let unhanded = Unhanded(Some(&self.shared.unsettled));
             let handed = self
                 .shared
                 .client
@@ -608,10 +700,13 @@ impl Transport for Mqtt {
                 )
                 .await;
             match handed {
-                Ok(()) => Ok(()),
+                Ok(()) => {
+                    unhanded.handed();
+                    Ok(())
+                }
                 // Not handed over: taken back, to be buffered and retried;
                 // unless the loop's end already counted it dropped.
-                Err(_) if take(&self.shared.unsettled, 1) == 1 => Err(SendError::Disconnected),
+                Err(_) if unhanded.take_back() => Err(SendError::Disconnected),
                 Err(_) => Ok(()),
             }
         })
