@@ -238,6 +238,9 @@ impl Drop for Reentrant {
         if let Some(bus) = self.bus.take() {
             let _ = bus.retained("#");
             let _ = bus.clear_retained("never/there");
+            // With an expiry these take the store's lock too.
+            let _ = bus.stats();
+            let _ = bus.retained_count();
             self.dropped.fetch_add(1, Ordering::SeqCst);
         }
     }
