@@ -163,7 +163,8 @@ pub struct Config {
     /// Worker threads in `WorkerPool` mode, and the most units of one publish
     /// that run at once in `TaskPerSubscriber` mode. Default: the available
     /// parallelism, since more runners than cores only adds switching for
-    /// CPU-bound handlers. Must be at least 1.
+    /// CPU-bound handlers. Must be at least 1 and at most
+    /// [`Config::MAX_WORKERS`].
     pub workers: usize,
     /// The threshold `T`: a publish matching at most `T` subscriptions gives each
     /// its own unit of work; above `T` it is batched (see [`Batch`]). Default 10,
@@ -180,7 +181,8 @@ pub struct Config {
     /// few), shared out evenly: each worker has a queue of its own of
     /// `queue_capacity / workers` (at least 1). Default 4,096: room for a
     /// burst of thousands of publishes before the overflow policy applies,
-    /// for about 100 KiB. Must be at least 1.
+    /// for about 100 KiB. Must be at least 1 and at most
+    /// [`Config::MAX_QUEUE_CAPACITY`] (the queues are allocated whole).
     pub queue_capacity: usize,
     /// The most tasks a `TaskPerSubscriber` bus (or an async handler still
     /// running after its first poll) keeps alive at once. Default 1,024: enough
@@ -274,6 +276,14 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The most `workers`: threads (`WorkerPool`) or lanes
+    /// (`TaskPerSubscriber`), made when the bus is built.
+    pub const MAX_WORKERS: usize = 4_096;
+
+    /// The most `queue_capacity`: the pool's queues are allocated whole
+    /// when the bus is built.
+    pub const MAX_QUEUE_CAPACITY: usize = 1 << 24;
+
     /// Checks every field, naming the first that is invalid.
     ///
     /// ```
@@ -299,6 +309,20 @@ impl Config {
                     reason: "must be at least 1",
                 });
             }
+        }
+        if self.workers > Self::MAX_WORKERS {
+            return Err(Error::InvalidConfig {
+                field: "workers",
+                value: self.workers.to_string(),
+                reason: "must be at most 4,096 (Config::MAX_WORKERS)",
+            });
+        }
+        if self.queue_capacity > Self::MAX_QUEUE_CAPACITY {
+            return Err(Error::InvalidConfig {
+                field: "queue_capacity",
+                value: self.queue_capacity.to_string(),
+                reason: "must be at most 16,777,216 jobs (Config::MAX_QUEUE_CAPACITY)",
+            });
         }
         if self.stream_capacity > crate::StreamOptions::MAX_CAPACITY {
             return Err(Error::InvalidConfig {
@@ -409,24 +433,43 @@ mod duration_text {
     }
 }
 
-/// Parses `"250ms"`, `"30s"`, `"2m"`, `"1h"`, `"1.5s"`, `"10us"`, `"5ns"`.
+/// Parses `"250ms"`, `"30s"`, `"2m"`, `"1h"`, `"1.5s"`, `"10us"`, `"5ns"`,
+/// exactly (in whole nanoseconds, a finer fraction cut off): so every
+/// duration the serializer writes, `Duration::MAX` included, reads back as
+/// itself.
 fn parse_duration(text: &str) -> Option<Duration> {
+    const NANOS_PER_SEC: u128 = 1_000_000_000;
     let text = text.trim();
     let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
     let (number, unit) = text.split_at(split);
-    if let ("ns", Ok(nanos)) = (unit.trim(), number.parse::<u64>()) {
-        return Some(Duration::from_nanos(nanos));
-    }
-    let number: f64 = number.parse().ok()?;
-    let seconds = match unit.trim() {
-        "us" | "µs" => number / 1_000_000.0,
-        "ms" => number / 1_000.0,
-        "s" => number,
-        "m" => number * 60.0,
-        "h" => number * 3_600.0,
+    let unit: u128 = match unit.trim() {
+        "ns" => 1,
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" => NANOS_PER_SEC,
+        "m" => 60 * NANOS_PER_SEC,
+        "h" => 3_600 * NANOS_PER_SEC,
         _ => return None,
     };
-    Duration::try_from_secs_f64(seconds).ok()
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if (whole.is_empty() && fraction.is_empty()) || fraction.contains('.') {
+        return None;
+    }
+    let whole: u128 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
+    let mut nanos = whole.checked_mul(unit)?;
+    if !fraction.is_empty() {
+        // 20 digits are far below a nanosecond in every unit, and keep the
+        // product within a u128.
+        let digits = &fraction[..fraction.len().min(20)];
+        let scale = 10u128.pow(digits.len() as u32);
+        nanos = nanos.checked_add(digits.parse::<u128>().ok()? * unit / scale)?;
+    }
+    let seconds = u64::try_from(nanos / NANOS_PER_SEC).ok()?;
+    Some(Duration::new(seconds, (nanos % NANOS_PER_SEC) as u32))
 }
 
 #[cfg(test)]

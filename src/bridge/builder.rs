@@ -8,6 +8,7 @@ use super::Bridge;
 use crate::bus::Bus;
 use crate::error::Error;
 use crate::topic::validate_filter;
+use crate::StreamOptions;
 
 /// The engine a bridge joins.
 #[derive(Clone, Debug)]
@@ -123,7 +124,8 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
     }
 
     /// Messages each export filter holds while the bridge sends (default
-    /// 8,192); beyond it the oldest is dropped and counted.
+    /// 8,192, at most [`StreamOptions::MAX_CAPACITY`]); beyond it the oldest
+    /// is dropped and counted.
     pub fn export_buffer(mut self, messages: usize) -> Self {
         self.export_buffer = messages;
         self
@@ -137,15 +139,16 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
     }
 
     /// Messages queued per local filter while its subscribers are busy
-    /// (default 65,536); beyond it a message is dropped and counted as a
-    /// slow consumer.
+    /// (default 65,536, at most [`StreamOptions::MAX_CAPACITY`]); beyond it a
+    /// message is dropped and counted as a slow consumer.
     pub fn import_buffer(mut self, messages: usize) -> Self {
         self.import_buffer = messages;
         self
     }
 
     /// The reconnect delay: doubling from `min` up to `max`, each jittered
-    /// down by up to half (default 50 ms to 5 s).
+    /// down by up to half (default 50 ms to 5 s). `start` refuses a zero
+    /// `min` or a `min` over `max`.
     pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
         self.backoff = (min, max);
         self
@@ -190,7 +193,9 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
     ///
     /// Errors: [`Error::Topic`] for an invalid filter,
     /// [`Error::InvalidArgument`] without an engine, with no filter at
-    /// all, a zero buffer, or `at_least_once` with NATS,
+    /// all, a zero buffer, an export or import buffer over
+    /// [`StreamOptions::MAX_CAPACITY`], a reconnect backoff with a zero or
+    /// inverted range, or `at_least_once` with NATS,
     /// [`Error::NoRuntime`] outside a runtime,
     /// [`Error::Closed`] if the bus is closed, and [`Error::Bridge`] if the
     /// client refuses the URL.
@@ -228,6 +233,28 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
                     reason: "must be at least 1",
                 });
             }
+        }
+        // Allocated whole (an export tap is a stream's mailbox; an import
+        // queue a channel with that many permits).
+        for (name, value) in [
+            ("export_buffer", self.export_buffer),
+            ("import_buffer", self.import_buffer),
+        ] {
+            if value > StreamOptions::MAX_CAPACITY {
+                return Err(Error::InvalidArgument {
+                    name,
+                    value: value.to_string(),
+                    reason: "must be at most 16,777,216 messages (StreamOptions::MAX_CAPACITY)",
+                });
+            }
+        }
+        let (min, max) = self.backoff;
+        if min.is_zero() || min > max {
+            return Err(Error::InvalidArgument {
+                name: "reconnect_backoff",
+                value: format!("{min:?}..{max:?}"),
+                reason: "needs 0 < min <= max (a zero delay reconnects in a tight loop)",
+            });
         }
         Bridge::start(self).await
     }

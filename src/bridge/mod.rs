@@ -195,7 +195,7 @@ impl Bridge {
         let connection = backoff::node_id();
         let backoff = backoff::Backoff {
             min: builder.backoff.0,
-            max: builder.backoff.1.max(builder.backoff.0),
+            max: builder.backoff.1,
         };
         let transport: Arc<dyn Transport> = match engine {
             #[cfg(feature = "nats")]

@@ -390,7 +390,7 @@ impl<T> Shared<T> {
 impl<T> Shared<T> {
     pub(super) fn new(workers: usize, per_worker: usize) -> Self {
         let (queues, tickets) = (0..workers)
-            .map(|_| channel::bounded(per_worker + WAKE_ROOM))
+            .map(|_| channel::bounded(per_worker.saturating_add(WAKE_ROOM)))
             .unzip();
         let counters = || {
             (0..workers)
