@@ -986,7 +986,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// bus's: a handler of one bus closing another waits for all of the
     /// other's.
     ///
-    /// Cancel-safe: the bus is closed as soon as this is first polled, and
+    /// Cancel-safe: the bus is closed when this is called (before the
+    /// future is first polled, even if it never is), and
     /// ending the streams and stopping the workers does not depend on this
     /// future (the thread it waits on, so that no executor thread blocks,
     /// stops waiting when it is dropped). They happen when the last
@@ -995,7 +996,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// `CloseTimeout`.
     ///
     /// Works on any executor; calling it again waits again.
-    pub async fn close(&self) -> Result<(), Error> {
+    pub fn close(&self) -> impl Future<Output = Result<(), Error>> + Send + 'static {
         // What this call's own caller holds, if it comes from inside a
         // handler: it is not waited for (it cannot finish first). Counted
         // for this bus only (a handler of another bus is waited for like
@@ -1013,6 +1014,16 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 inner.finish_close();
             }
         });
+        async move { Self::wait_closed(inner, own_tokens, caller).await }
+    }
+
+    /// The waiting half of [`Self::close`]: until everything accepted has
+    /// finished but what the caller's own stack holds.
+    async fn wait_closed(
+        inner: Arc<BusInner<T>>,
+        own_tokens: u64,
+        caller: quiesce::Caller,
+    ) -> Result<(), Error> {
         let from_handler = own_tokens > 0 || caller.holds_any();
         if !from_handler && inner.env.counters.wait_drained(Duration::ZERO).is_ok() {
             return Ok(());

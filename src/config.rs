@@ -434,9 +434,9 @@ mod duration_text {
 }
 
 /// Parses `"250ms"`, `"30s"`, `"2m"`, `"1h"`, `"1.5s"`, `"10us"`, `"5ns"`,
-/// exactly (in whole nanoseconds, a finer fraction cut off): so every
-/// duration the serializer writes, `Duration::MAX` included, reads back as
-/// itself.
+/// exactly (in whole nanoseconds, a finer fraction rounded to the nearest):
+/// so every duration the serializer writes, `Duration::MAX` included, reads
+/// back as itself.
 fn parse_duration(text: &str) -> Option<Duration> {
     const NANOS_PER_SEC: u128 = 1_000_000_000;
     let text = text.trim();
@@ -466,7 +466,9 @@ fn parse_duration(text: &str) -> Option<Duration> {
         // product within a u128.
         let digits = &fraction[..fraction.len().min(20)];
         let scale = 10u128.pow(digits.len() as u32);
-        nanos = nanos.checked_add(digits.parse::<u128>().ok()? * unit / scale)?;
+        // Rounded to the nearest nanosecond, as a number of seconds is.
+        let fraction = (digits.parse::<u128>().ok()? * unit + scale / 2) / scale;
+        nanos = nanos.checked_add(fraction)?;
     }
     let seconds = u64::try_from(nanos / NANOS_PER_SEC).ok()?;
     Some(Duration::new(seconds, (nanos % NANOS_PER_SEC) as u32))
@@ -475,6 +477,27 @@ fn parse_duration(text: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fraction_finer_than_a_nanosecond_rounds_to_the_nearest() {
+        assert_eq!(
+            parse_duration("1.9999999999s"),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            parse_duration("123.456789us"),
+            Some(Duration::from_nanos(123_457))
+        );
+        assert_eq!(
+            parse_duration("1.0000000004s"),
+            Some(Duration::from_secs(1))
+        );
+        // As the same number of seconds written as a JSON number.
+        assert_eq!(
+            parse_duration("1.0000000005s"),
+            Duration::try_from_secs_f64(1.000_000_000_5).ok()
+        );
+    }
 
     #[test]
     fn durations_parse() {

@@ -57,12 +57,14 @@
 //!   [`Stats::dropped`]. Nothing accepted disappears uncounted, not even when
 //!   the runtime a `TaskPerSubscriber` bus runs on shuts down: its deliveries
 //!   are counted as dropped and [`Bus::inflight_messages`] returns to 0.
-//! - A stream subscription receives one publisher's messages in publish order;
-//!   handler subscriptions make no ordering promise (two calls of one handler
-//!   may run at once on different workers).
+//! - A stream subscription receives one publisher's messages in publish order
+//!   (a shared group's stream member also gets, after what it holds, what a
+//!   member that left had queued); handler subscriptions make no ordering
+//!   promise (two calls of one handler may run at once on different workers).
 //! - A panicking handler is caught and counted; nobody else notices.
 //! - Every queue is bounded; one publish allocates O(1) whatever the number
-//!   of subscribers.
+//!   of subscribers (a publish that reaches more than four shared groups'
+//!   handler members grows one list, by doubling: O(log n) allocations).
 //! - A publish the bus refuses (closed, invalid topic) is an error; with
 //!   [`Bus::try_publish`] the value comes back in it ([`Rejected`]).
 //! - Topics follow MQTT 3.1.1/5.0 section 4.7; see [`topic`].
@@ -81,9 +83,12 @@
 //!
 //! Once the calls that had started have finished, the handler closure is
 //! dropped, as closing a tokio channel drops what it owned: a `Sender` it
-//! captured closes its channel, a `Bus` clone it captured makes no cycle. In
+//! captured closes its channel, a `Bus` clone it captured makes no cycle
+//! (but a *detached* handler that owns a `Bus` clone is never unsubscribed:
+//! the bus then owns itself, and lives on, closed or not, until the process
+//! ends; keep the `Subscription` of such a handler instead). In
 //! a handler set larger than 64 subscriptions on one filter, the release
-//! waits for that set's next compaction (once a quarter of it is dead);
+//! waits for that set's next compaction (once half of it is dead);
 //! `unsubscribe_and_wait` compacts at once. Dropping anything from inside a
 //! handler — another `Subscription`, a `Receiver`, the bus — is safe: the bus
 //! never runs user `Drop` code while it holds a lock.

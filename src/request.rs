@@ -420,7 +420,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
             &reply_to,
             self.next_id(),
             max.min(MAX_QUEUED_REPLIES),
-            StreamOverflow::DropOldest,
+            // The first replies are kept: one over `max` is dropped and
+            // counted, not one that came earlier.
+            StreamOverflow::DropNewest,
             false,
         )?;
         let admitted = inner.env.counters.begin_publish()?;

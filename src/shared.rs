@@ -10,7 +10,8 @@
 //! - **Exactly one member.** A matching publish picks one live member, on
 //!   the publisher's thread, by [`SharePolicy`]: the publish counts the group
 //!   once in its result. A stream member gets the message pushed into its
-//!   mailbox then and there (in publish order, as any stream); a handler
+//!   mailbox then and there (in publish order, as any stream, but for what
+//!   a leaving member hands it: that comes after what it holds); a handler
 //!   member gets it as one more delivery of the publish's job, run where the
 //!   delivery mode runs handlers.
 //! - **Leaving loses nothing silently.** A handler member that leaves
@@ -35,7 +36,9 @@
 //! groups, it checks each group's filter against the topic (groups, not
 //! members: a group of a thousand members is one check) and picks a member
 //! with one or a few atomic operations; no lock, no allocation (a handler
-//! member's one-entry subscriber set is made when it joins).
+//! member's one-entry subscriber set is made when it joins). The sets of
+//! the handler members a publish picks go into one list, inline up to four
+//! groups: past that it allocates, by doubling.
 //!
 //! # Locks
 //! Joining and leaving take the groups' one lock; publishers never do. What

@@ -725,7 +725,7 @@ impl<T: 'static> Trie<T> {
             let new_root = with_subs(&root, filter.split('/'), None, &mut created);
             released.roots.push(root);
             self.replace_root(filter, new_root, created, released);
-        } else if (entry.owns_resources() && set.len() <= EAGER_COMPACTION_LEN)
+        } else if (entry.owns_resources() && set.live() <= EAGER_COMPACTION_LEN)
             || set.dead() >= MIN_DEAD_BEFORE_REBUILD.max(set.live())
         {
             K::release(released, cell.swap(Arc::new(set.compacted())));
