@@ -203,16 +203,30 @@ impl<T: Send + Sync + 'static> Exporter<T> {
     /// its link stalled: that must not keep the bridge from closing).
     /// Cancel-safe: a message leaves the outbox once the transport has it.
     async fn flush(&self, outbox: &mut VecDeque<Outgoing>) -> bool {
+        let mut stopping = false;
         while let Some(outgoing) = outbox.front() {
-            if !self.transport.connected() {
-                return true;
+            if stopping || !self.transport.connected() {
+                return !stopping;
             }
-            // The publish first: `stop` is looked at (and its waiter
-            // registered) only while the publish waits.
-            let sent = tokio::select! {
-                biased;
-                sent = self.transport.publish(outgoing) => sent,
-                () = self.stop.notified() => return false,
+            let sent = {
+                let publish = self.transport.publish(outgoing);
+                tokio::pin!(publish);
+                // The publish first: `stop` is looked at (and its waiter
+                // registered) only while the publish waits. Stopping, the
+                // hand-off under way is still given `CLOSING_FLUSH` to finish:
+                // a client may take a message just as its waiting send is
+                // dropped (flume's), and the bridge would not know it went.
+                tokio::select! {
+                    biased;
+                    sent = &mut publish => sent,
+                    () = self.stop.notified() => {
+                        stopping = true;
+                        match tokio::time::timeout(CLOSING_FLUSH, &mut publish).await {
+                            Ok(sent) => sent,
+                            Err(_) => return false,
+                        }
+                    }
+                }
             };
             match sent {
                 Ok(()) => {
@@ -221,7 +235,7 @@ impl<T: Send + Sync + 'static> Exporter<T> {
                     }
                     outbox.pop_front();
                 }
-                Err(SendError::Disconnected) => return true,
+                Err(SendError::Disconnected) => return !stopping,
                 Err(SendError::Refused(reason)) => {
                     Counters::add(&self.stats.dropped, 1);
                     tracing::warn!(topic = %outgoing.topic, %reason, "bridge: the engine would refuse this message; dropped");
@@ -229,7 +243,7 @@ impl<T: Send + Sync + 'static> Exporter<T> {
                 }
             }
         }
-        true
+        !stopping
     }
 }
 
