@@ -178,6 +178,9 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
     ///   exports, logged: it would close the connection at each QoS 1
     ///   publish.
     ///
+    /// A `session_expiry` of zero keeps no session across a disconnect:
+    /// exports are still sent again, but what is published for the imports
+    /// while the connection is down is lost (uncounted: the broker drops it).
     /// `session_expiry` is sent in whole seconds (rounded up), at most
     /// `u32::MAX - 1` of them (longer is taken as that; MQTT's `u32::MAX`
     /// would mean never). With NATS, `start` refuses it: core NATS is at
