@@ -997,12 +997,6 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ///
     /// Works on any executor; calling it again waits again.
     pub fn close(&self) -> impl Future<Output = Result<(), Error>> + Send + 'static {
-        // What this call's own caller holds, if it comes from inside a
-        // handler: it is not waited for (it cannot finish first). Counted
-        // for this bus only (a handler of another bus is waited for like
-        // anything else).
-        let own_tokens = crate::stats::tokens_here(&self.inner.env.counters);
-        let caller = quiesce::caller_here(&self.inner.env.quiescence);
         let inner = Arc::clone(&self.inner);
         inner.dispatcher.closing();
         // No reply can come any more, and no publish can be accepted:
@@ -1014,7 +1008,17 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 inner.finish_close();
             }
         });
-        async move { Self::wait_closed(inner, own_tokens, caller).await }
+        async move {
+            // What the stack that first polls this holds, if it is inside a
+            // handler: it is not waited for (it cannot finish first).
+            // Looked at there, not where `close` was called: a future
+            // handed to another task or thread waits for everything.
+            // Counted for this bus only (a handler of another bus is
+            // waited for like anything else).
+            let own_tokens = crate::stats::tokens_here(&inner.env.counters);
+            let caller = quiesce::caller_here(&inner.env.quiescence);
+            Self::wait_closed(inner, own_tokens, caller).await
+        }
     }
 
     /// The waiting half of [`Self::close`]: until everything accepted has

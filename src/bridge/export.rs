@@ -69,6 +69,9 @@ pub(crate) struct Exporter<T> {
 impl<T: Send + Sync + 'static> Exporter<T> {
     pub(crate) async fn run(mut self) {
         let mut outbox: VecDeque<Outgoing> = VecDeque::new();
+        // Set when the stop is seen: what is sent from then on is sent
+        // before it (`CLOSING_FLUSH` in all).
+        let mut closing: Option<tokio::time::Instant> = None;
         let mut lost_seen = vec![0u64; self.taps.len()];
         let mut next_tap = 0;
         loop {
@@ -110,14 +113,14 @@ impl<T: Send + Sync + 'static> Exporter<T> {
                 }
             };
             let stopped = match next {
-                Next::Flush => !self.flush(&mut outbox).await,
+                Next::Flush => !self.flush(&mut outbox, &mut closing).await,
                 Next::Message(i, message) => {
                     next_tap = (i + 1) % self.taps.len();
                     self.count_lost(i, &mut lost_seen);
                     match self.outgoing(i, &message) {
                         Some(outgoing) => {
                             self.push(&mut outbox, outgoing);
-                            !self.flush(&mut outbox).await
+                            !self.flush(&mut outbox, &mut closing).await
                         }
                         None => false,
                     }
@@ -130,7 +133,7 @@ impl<T: Send + Sync + 'static> Exporter<T> {
         // Closing: what the taps hold was accepted; send it (for at most
         // `CLOSING_FLUSH`: a client whose queue stays full, its link
         // stalled, must not hold the close) or count it.
-        let deadline = tokio::time::Instant::now() + CLOSING_FLUSH;
+        let deadline = closing.unwrap_or_else(|| tokio::time::Instant::now() + CLOSING_FLUSH);
         let mut sending = true;
         for i in 0..self.taps.len() {
             self.taps[i].close_tap();
@@ -156,7 +159,7 @@ impl<T: Send + Sync + 'static> Exporter<T> {
         deadline: tokio::time::Instant,
         outbox: &mut VecDeque<Outgoing>,
     ) -> bool {
-        tokio::time::timeout_at(deadline, self.flush(outbox))
+        tokio::time::timeout_at(deadline, self.flush(outbox, &mut Some(deadline)))
             .await
             .is_ok()
     }
@@ -202,7 +205,11 @@ impl<T: Send + Sync + 'static> Exporter<T> {
     /// false if `stop` came meanwhile (the client's queue may stay full,
     /// its link stalled: that must not keep the bridge from closing).
     /// Cancel-safe: a message leaves the outbox once the transport has it.
-    async fn flush(&self, outbox: &mut VecDeque<Outgoing>) -> bool {
+    async fn flush(
+        &self,
+        outbox: &mut VecDeque<Outgoing>,
+        closing: &mut Option<tokio::time::Instant>,
+    ) -> bool {
         let mut stopping = false;
         while let Some(outgoing) = outbox.front() {
             if stopping || !self.transport.connected() {
@@ -213,15 +220,18 @@ impl<T: Send + Sync + 'static> Exporter<T> {
                 tokio::pin!(publish);
                 // The publish first: `stop` is looked at (and its waiter
                 // registered) only while the publish waits. Stopping, the
-                // hand-off under way is still given `CLOSING_FLUSH` to finish:
-                // a client may take a message just as its waiting send is
-                // dropped (flume's), and the bridge would not know it went.
+                // hand-off under way may still finish until `closing` (a
+                // client may take a message just as its waiting send is
+                // dropped, flume's, and the bridge would not know it went);
+                // the rest of the closing shares that deadline.
                 tokio::select! {
                     biased;
                     sent = &mut publish => sent,
                     () = self.stop.notified() => {
                         stopping = true;
-                        match tokio::time::timeout(CLOSING_FLUSH, &mut publish).await {
+                        let deadline = *closing
+                            .get_or_insert_with(|| tokio::time::Instant::now() + CLOSING_FLUSH);
+                        match tokio::time::timeout_at(deadline, &mut publish).await {
                             Ok(sent) => sent,
                             Err(_) => return false,
                         }
