@@ -211,3 +211,60 @@ fn disconnect_reports_lagged_before_disconnected_one_publisher() {
         started.elapsed()
     );
 }
+
+/// Three publisher threads overflow a `Disconnect` stream while the reader
+/// races `recv_lagged` in `select!`; after `Disconnected`, and the
+/// publishers stopped, the end is final: a later call returns
+/// `Disconnected` again, never a `Lagged` for a publish the closed mailbox
+/// refused after the end (it did in 3–11 of 300 rounds: the receiver
+/// looked for a lag before its end; thirty-fourth session's review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_disconnected_the_end_is_final() {
+    let mut late = Vec::new();
+    for round in 0..rounds() {
+        let bus = Bus::<u32>::builder()
+            .delivery(DeliveryMode::Inline)
+            .build()
+            .unwrap();
+        let mut rx = bus
+            .subscribe_stream_with(
+                "t",
+                StreamOptions::new(2).overflow(StreamOverflow::Disconnect),
+            )
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let publishers: Vec<_> = (0..3)
+            .map(|_| {
+                let (bus, stop) = (bus.clone(), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = bus.publish("t", i);
+                        i += 1;
+                    }
+                })
+            })
+            .collect();
+        let deadline = Instant::now() + LIMIT;
+        let end = loop {
+            assert!(Instant::now() < deadline, "round {round}: no end");
+            tokio::select! {
+                read = rx.recv_lagged() => match read {
+                    Ok(_) | Err(blazesub::RecvError::Lagged(_)) => {}
+                    Err(end) => break end,
+                },
+                () = tokio::task::yield_now() => {}
+            }
+        };
+        assert_eq!(end, blazesub::RecvError::Disconnected, "round {round}");
+        stop.store(true, Ordering::Relaxed);
+        for publisher in publishers {
+            publisher.join().unwrap();
+        }
+        let after = rx.recv_lagged().await.map(|m| *m.data());
+        if after != Err(blazesub::RecvError::Disconnected) {
+            late.push((round, rx.lost(), after));
+        }
+    }
+    assert!(late.is_empty(), "after Disconnected: {late:?}");
+}

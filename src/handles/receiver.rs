@@ -29,8 +29,10 @@
 //! - [`Receiver::recv`] returns `None` once the bus has been closed (or
 //!   dropped) and the mailbox is empty (the lagged calls return
 //!   [`RecvError::Closed`]); from then on the receiver is terminated, as
-//!   [`FusedStream`](futures_core::FusedStream) reports. Dropping the
-//!   receiver unsubscribes.
+//!   [`FusedStream`](futures_core::FusedStream) reports, and the lagged
+//!   calls return the end every time: a loss counted after it (a publish
+//!   refused by the closed mailbox) is in `lost()` and `Stats::dropped`, not
+//!   reported in the ended stream. Dropping the receiver unsubscribes.
 //! - A message counts as delivered (`Stats::delivered`) when the receiver takes
 //!   it; one still waiting in the mailbox is neither delivered nor lost yet,
 //!   and one still there when the receiver is dropped counts as dropped,
@@ -303,11 +305,15 @@ impl<T> Receiver<T> {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Arc<Message<T>>, RecvError>> {
-        if let Some(lag) = self.take_lag() {
-            return Poll::Ready(Err(RecvError::Lagged(lag)));
-        }
+        // The end is final: a loss counted after it (a publish refused by
+        // the closed mailbox, which passed its check just before the close)
+        // is in `lost` and the bus's stats, not reported in a stream that
+        // has ended.
         if self.terminated {
             return Poll::Ready(Err(self.end_reason()));
+        }
+        if let Some(lag) = self.take_lag() {
+            return Poll::Ready(Err(RecvError::Lagged(lag)));
         }
         match self.entry.sink.poll_pop(cx) {
             Poll::Ready(Some(message)) => Poll::Ready(Ok(self.took(message))),
@@ -333,11 +339,12 @@ impl<T> Receiver<T> {
     /// # Ok::<(), blazesub::Error>(())
     /// ```
     pub fn try_recv_lagged(&mut self) -> Result<Arc<Message<T>>, TryRecvLaggedError> {
-        if let Some(lag) = self.take_lag() {
-            return Err(TryRecvLaggedError::Lagged(lag));
-        }
+        // The end is final (see `poll_recv_lagged`).
         if self.terminated {
             return Err(self.end_reason().into());
+        }
+        if let Some(lag) = self.take_lag() {
+            return Err(TryRecvLaggedError::Lagged(lag));
         }
         match self.entry.sink.try_pop() {
             Ok(message) => Ok(self.took(message)),
