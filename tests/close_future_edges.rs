@@ -8,6 +8,8 @@
 //! late ones counted, and the eager release of a closure on a small set
 //! neither drops a running closure nor grows in cost.
 
+mod common;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -15,30 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use blazesub::{Bus, DeliveryMode, Error, Message};
+use common::{runtime, within};
 
 type CloseFuture = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
 
 /// Runs `f` on a thread; fails the test if it does not finish in `secs`.
-fn within<R: Send + 'static>(secs: u64, f: impl FnOnce() -> R + Send + 'static) -> R {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(Ok(r)) => r,
-        Ok(Err(p)) => std::panic::resume_unwind(p),
-        Err(_) => panic!("timed out after {secs} s"),
-    }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn wait_until(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while !cond() {
@@ -55,8 +38,8 @@ fn wait_until(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
 /// `close` must wait for it ("waits until every accepted delivery has
 /// finished"): the handler that called it has returned.
 fn sync_handler_hands_off_close(mode: DeliveryMode) {
-    within(20, move || {
-        let rt = rt();
+    within(Duration::from_secs(20), "the test", move || {
+        let rt = runtime(2);
         let bus = Bus::<u32>::builder()
             .delivery(mode)
             .workers(1)
@@ -125,8 +108,8 @@ fn close_from_a_sync_handler_awaited_on_another_thread_waits_for_the_rest_tasks(
 /// wait for the handler's delivery.
 #[test]
 fn close_spawned_by_an_async_handler_waits_for_that_handler() {
-    within(20, || {
-        let rt = rt();
+    within(Duration::from_secs(20), "the test", || {
+        let rt = runtime(2);
         for mode in [
             DeliveryMode::TaskPerSubscriber,
             DeliveryMode::WorkerPool,
@@ -178,8 +161,8 @@ fn close_spawned_by_an_async_handler_waits_for_that_handler() {
 /// captured at its first poll, inside the handler, and returned.
 #[test]
 fn close_made_outside_awaited_inside_an_async_handler() {
-    within(20, || {
-        let rt = rt();
+    within(Duration::from_secs(20), "the test", || {
+        let rt = runtime(2);
         let bus = Bus::<u32>::builder()
             .delivery(DeliveryMode::TaskPerSubscriber)
             .runtime(rt.handle().clone())
@@ -223,8 +206,8 @@ fn close_made_outside_awaited_inside_an_async_handler() {
 /// the rest of its publish (a slow sync handler) has finished.
 #[test]
 fn close_made_in_an_async_handler_awaited_after_an_await_point() {
-    within(20, || {
-        let rt = rt();
+    within(Duration::from_secs(20), "the test", || {
+        let rt = runtime(2);
         for mode in [DeliveryMode::TaskPerSubscriber, DeliveryMode::WorkerPool] {
             let bus = Bus::<u32>::builder()
                 .delivery(mode)
@@ -273,8 +256,8 @@ fn close_made_in_an_async_handler_awaited_after_an_await_point() {
 /// outside; both return.
 #[test]
 fn two_close_futures_one_inside_one_outside() {
-    within(20, || {
-        let rt = rt();
+    within(Duration::from_secs(20), "the test", || {
+        let rt = runtime(2);
         let bus = Bus::<u32>::builder()
             .delivery(DeliveryMode::WorkerPool)
             .workers(2)
@@ -317,8 +300,8 @@ fn futures_block_on<F: Future>(f: F) -> F::Output {
 
 #[test]
 fn request_many_keeps_the_first_max_and_counts_the_rest() {
-    within(20, || {
-        let rt = rt();
+    within(Duration::from_secs(20), "the test", || {
+        let rt = runtime(2);
         let bus = Bus::<u32>::builder()
             .delivery(DeliveryMode::Inline)
             .runtime(rt.handle().clone())
@@ -346,8 +329,8 @@ fn request_many_keeps_the_first_max_and_counts_the_rest() {
 
 #[test]
 fn late_replies_after_request_many_returned_are_counted_late() {
-    within(20, || {
-        let rt = rt();
+    within(Duration::from_secs(20), "the test", || {
+        let rt = runtime(2);
         let bus = Bus::<u32>::builder()
             .delivery(DeliveryMode::WorkerPool)
             .workers(4)
@@ -388,8 +371,8 @@ fn late_replies_after_request_many_returned_are_counted_late() {
 /// dropped, or late), whatever the timing.
 #[test]
 fn request_many_counts_every_reply_once_under_a_stream_of_replies() {
-    within(30, || {
-        let rt = rt();
+    within(Duration::from_secs(30), "the test", || {
+        let rt = runtime(2);
         for round in 0..50 {
             let bus = Bus::<u32>::builder()
                 .delivery(DeliveryMode::WorkerPool)
@@ -439,7 +422,7 @@ impl Drop for DropFlag {
 /// 60 live of 100 slots): its closure is not dropped before it returns.
 #[test]
 fn eager_compaction_does_not_drop_a_running_closure() {
-    within(20, || {
+    within(Duration::from_secs(20), "the test", || {
         let bus = Bus::<u32>::builder()
             .delivery(DeliveryMode::WorkerPool)
             .workers(2)
@@ -498,7 +481,7 @@ fn eager_compaction_does_not_drop_a_running_closure() {
 /// set; its cost must stay bounded by the live count, not the history.
 #[test]
 fn eager_compaction_cost_stays_bounded() {
-    within(60, || {
+    within(Duration::from_secs(60), "the test", || {
         let bus = Bus::<u32>::builder()
             .delivery(DeliveryMode::Inline)
             .build()
@@ -533,8 +516,8 @@ fn eager_compaction_cost_stays_bounded() {
 
 #[test]
 fn control_close_called_at_first_poll_from_a_sync_handler_hand_off() {
-    within(20, || {
-        let rt = rt();
+    within(Duration::from_secs(20), "the test", || {
+        let rt = runtime(2);
         let bus = Bus::<u32>::builder()
             .delivery(DeliveryMode::Inline)
             .close_timeout(Duration::from_secs(5))
@@ -574,8 +557,8 @@ fn control_close_called_at_first_poll_from_a_sync_handler_hand_off() {
 
 #[test]
 fn control_close_called_at_first_poll_inside_an_async_handler() {
-    within(20, || {
-        let rt = rt();
+    within(Duration::from_secs(20), "the test", || {
+        let rt = runtime(2);
         let bus = Bus::<u32>::builder()
             .delivery(DeliveryMode::TaskPerSubscriber)
             .runtime(rt.handle().clone())

@@ -7,33 +7,16 @@
 //! handler owning a `Bus` clone keeps the bus alive, documented in the
 //! crate root. Claims found wrong in the docs alone were corrected there.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use blazesub::{Bus, DeliveryMode, Message};
+use common::{runtime, within};
 
 /// Runs `f` on a thread; fails the test if it does not finish in `secs`.
-fn within<R: Send + 'static>(secs: u64, f: impl FnOnce() -> R + Send + 'static) -> R {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(Ok(r)) => r,
-        Ok(Err(p)) => std::panic::resume_unwind(p),
-        Err(_) => panic!("timed out after {secs} s"),
-    }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// Subscribes one kind of handler holding a drop flag.
 type MakeKind<'a> = Box<dyn Fn(DropFlag) -> blazesub::Subscription + 'a>;
 
@@ -49,8 +32,8 @@ impl Drop for DropFlag {
 // request.rs: "waits for the first reply".
 #[test]
 fn request_returns_the_first_reply() {
-    within(10, || {
-        let rt = rt();
+    within(Duration::from_secs(10), "the test", || {
+        let rt = runtime(2);
         let bus = Bus::<u32>::builder()
             .delivery(DeliveryMode::Inline)
             .build()
@@ -95,7 +78,7 @@ fn request_returns_the_first_reply() {
 
 #[test]
 fn a_closure_on_a_filter_of_64_or_fewer_is_dropped_at_once() {
-    within(10, || {
+    within(Duration::from_secs(10), "the test", || {
         let bus = Bus::<u32>::builder()
             .delivery(DeliveryMode::Inline)
             .build()
@@ -158,9 +141,9 @@ fn wait_until(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
 // finished" ("async ones still awaiting", bus.rs `inflight_messages`).
 #[test]
 fn an_async_delivery_counts_as_delivered_when_its_future_completes_in_every_mode() {
-    within(20, || {
+    within(Duration::from_secs(20), "the test", || {
         for mode in MODES {
-            let rt = rt();
+            let rt = runtime(2);
             let bus = bus_on(mode, &rt);
             let gate = Arc::new(tokio::sync::Semaphore::new(0));
             let started = Arc::new(AtomicUsize::new(0));
@@ -204,9 +187,9 @@ fn an_async_delivery_counts_as_delivered_when_its_future_completes_in_every_mode
 // reach now, as `publish` counts them".
 #[test]
 fn subscribers_counts_every_kind_as_publish_does() {
-    within(20, || {
+    within(Duration::from_secs(20), "the test", || {
         for mode in MODES {
-            let rt = rt();
+            let rt = runtime(2);
             let bus = bus_on(mode, &rt);
             let _a = bus.subscribe("k/+", |_| {}).unwrap();
             let _b = bus.subscribe_ordered("k/#", |_| {}).unwrap();
@@ -231,8 +214,8 @@ fn subscribers_counts_every_kind_as_publish_does() {
 // behind loses the oldest, counted (async: the newest)".
 #[test]
 fn an_ordered_handler_behind_loses_the_oldest_counted() {
-    within(20, || {
-        let rt = rt();
+    within(Duration::from_secs(20), "the test", || {
+        let rt = runtime(2);
         for mode in [DeliveryMode::WorkerPool, DeliveryMode::TaskPerSubscriber] {
             let bus = Bus::<u32>::builder()
                 .delivery(mode)
@@ -330,7 +313,7 @@ fn allocs_per_publish(bus: &Bus<u32>, topic: &str) -> f64 {
 
 #[test]
 fn a_publish_to_many_plain_handlers_allocates_o1() {
-    within(20, || {
+    within(Duration::from_secs(20), "the test", || {
         let mut per = Vec::new();
         for subs in [6usize, 64, 2048] {
             let bus = Bus::<u32>::builder()
@@ -352,7 +335,7 @@ fn a_publish_to_many_plain_handlers_allocates_o1() {
 // cached"; shared.rs `reached`: "No lock, no allocation".
 #[test]
 fn has_subscribers_does_not_allocate_once_cached() {
-    within(20, || {
+    within(Duration::from_secs(20), "the test", || {
         let bus = Bus::<u32>::builder()
             .delivery(DeliveryMode::Inline)
             .build()
@@ -382,8 +365,8 @@ fn has_subscribers_does_not_allocate_once_cached() {
 // not match `$` topics).
 #[test]
 fn a_request_to_a_wildcard_filter_reaches_no_dollar_topic_and_not_its_own_reply_stream() {
-    within(20, || {
-        let rt = rt();
+    within(Duration::from_secs(20), "the test", || {
+        let rt = runtime(2);
         for mode in MODES {
             let bus = bus_on(mode, &rt);
             // Nobody but `$` subscribers.
@@ -412,9 +395,9 @@ fn a_request_to_a_wildcard_filter_reaches_no_dollar_topic_and_not_its_own_reply_
 // Stats::dropped), not the oldest".
 #[test]
 fn an_async_ordered_handler_behind_loses_the_newest_counted() {
-    within(20, || {
+    within(Duration::from_secs(20), "the test", || {
         for mode in MODES {
-            let rt = rt();
+            let rt = runtime(2);
             let bus = Bus::<u32>::builder()
                 .delivery(mode)
                 .workers(2)
@@ -462,7 +445,7 @@ fn an_async_ordered_handler_behind_loses_the_newest_counted() {
 // `RecursionLimit`: refused, reached no one, counted in `recursion_refused`.
 #[test]
 fn try_publish_hands_back_a_value_refused_for_recursion() {
-    within(10, || {
+    within(Duration::from_secs(10), "the test", || {
         static BUS: std::sync::OnceLock<Bus<u32>> = std::sync::OnceLock::new();
         let bus = Bus::<u32>::builder()
             .delivery(DeliveryMode::Inline)
@@ -500,9 +483,9 @@ fn try_publish_hands_back_a_value_refused_for_recursion() {
 // handler closure is dropped" (a set of 64 or fewer); every handler kind.
 #[test]
 fn every_handler_kinds_closure_is_dropped_on_unsubscribe() {
-    within(30, || {
+    within(Duration::from_secs(30), "the test", || {
         for mode in MODES {
-            let rt = rt();
+            let rt = runtime(2);
             let bus = bus_on(mode, &rt);
             let kinds: Vec<(&str, MakeKind)> = vec![
                 (
@@ -607,7 +590,7 @@ fn every_handler_kinds_closure_is_dropped_on_unsubscribe() {
 // recently retained is evicted".
 #[test]
 fn retained_order_and_eviction_follow_the_last_retain() {
-    within(10, || {
+    within(Duration::from_secs(10), "the test", || {
         let bus = Bus::<u32>::builder()
             .delivery(DeliveryMode::Inline)
             .max_retained(2)
@@ -638,9 +621,9 @@ fn retained_order_and_eviction_follow_the_last_retain() {
 // is called, not when the future is first polled."
 #[test]
 fn unsubscribe_and_wait_unsubscribes_before_it_is_polled() {
-    within(10, || {
+    within(Duration::from_secs(10), "the test", || {
         for mode in MODES {
-            let rt = rt();
+            let rt = runtime(2);
             let bus = bus_on(mode, &rt);
             let calls = Arc::new(AtomicUsize::new(0));
             let c = Arc::clone(&calls);
@@ -661,8 +644,8 @@ fn unsubscribe_and_wait_unsubscribes_before_it_is_polled() {
 // runs" (Inline: the publisher's thread).
 #[test]
 fn an_async_handler_is_first_polled_on_the_inline_publisher() {
-    within(10, || {
-        let rt = rt();
+    within(Duration::from_secs(10), "the test", || {
+        let rt = runtime(2);
         let bus = bus_on(DeliveryMode::Inline, &rt);
         let thread = Arc::new(Mutex::new(None));
         let t = Arc::clone(&thread);
@@ -684,10 +667,10 @@ fn an_async_handler_is_first_polled_on_the_inline_publisher() {
 // runner catches up on queued messages in batches.
 #[test]
 fn no_queued_ordered_delivery_runs_after_unsubscribe() {
-    within(30, || {
+    within(Duration::from_secs(30), "the test", || {
         for mode in MODES {
             for is_async in [false, true] {
-                let rt = rt();
+                let rt = runtime(2);
                 let bus = bus_on(mode, &rt);
                 let calls = Arc::new(Mutex::new(Vec::new()));
                 let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
@@ -769,9 +752,9 @@ fn no_queued_ordered_delivery_runs_after_unsubscribe() {
 // `handler_panics`; every handler kind, every mode.
 #[test]
 fn panics_of_every_handler_kind_are_counted_in_every_mode() {
-    within(30, || {
+    within(Duration::from_secs(30), "the test", || {
         for mode in MODES {
-            let rt = rt();
+            let rt = runtime(2);
             let bus = bus_on(mode, &rt);
             let subs = vec![
                 bus.subscribe("x/1", |_| panic!("plain")).unwrap(),
@@ -808,8 +791,8 @@ fn panics_of_every_handler_kind_are_counted_in_every_mode() {
 // within its bus".
 #[test]
 fn handles_report_the_filter_they_subscribed_with() {
-    within(10, || {
-        let rt = rt();
+    within(Duration::from_secs(10), "the test", || {
+        let rt = runtime(2);
         let bus = bus_on(DeliveryMode::WorkerPool, &rt);
         let a = bus.subscribe("$share/g/a/#", |_| {}).unwrap();
         let b = bus.subscribe_stream("$share/g/a/#").unwrap();
@@ -836,7 +819,7 @@ fn handles_report_the_filter_they_subscribed_with() {
 // `Bus::close` "refuses new publishes and subscriptions at once".
 #[test]
 fn close_refuses_publishes_once_called() {
-    within(10, || {
+    within(Duration::from_secs(10), "the test", || {
         let bus = Bus::<u32>::builder()
             .delivery(DeliveryMode::Inline)
             .build()
@@ -856,10 +839,10 @@ fn close_refuses_publishes_once_called() {
 #[test]
 #[ignore = "known: a detached handler that owns a Bus clone keeps the bus alive (documented in the crate root)"]
 fn a_detached_handler_owning_a_bus_clone_makes_no_cycle() {
-    within(20, || {
+    within(Duration::from_secs(20), "the test", || {
         let mut failed = Vec::new();
         for mode in MODES {
-            let rt = rt();
+            let rt = runtime(2);
             let bus = bus_on(mode, &rt);
             let dropped = Arc::new(AtomicUsize::new(0));
             let flag = DropFlag(Arc::clone(&dropped));
@@ -891,10 +874,10 @@ fn a_detached_handler_owning_a_bus_clone_makes_no_cycle() {
 #[test]
 #[ignore = "known: a detached handler that owns a Bus clone keeps the bus alive (documented in the crate root)"]
 fn a_detached_handler_owning_a_bus_clone_is_released_after_close() {
-    within(20, || {
+    within(Duration::from_secs(20), "the test", || {
         let mut failed = Vec::new();
         for mode in MODES {
-            let rt = rt();
+            let rt = runtime(2);
             let bus = bus_on(mode, &rt);
             let dropped = Arc::new(AtomicUsize::new(0));
             let flag = DropFlag(Arc::clone(&dropped));
@@ -923,12 +906,12 @@ fn a_detached_handler_owning_a_bus_clone_is_released_after_close() {
 // a stack overflow" — async handlers publishing in their first poll.
 #[test]
 fn an_async_inline_handler_publishing_to_itself_is_stopped_at_the_limit() {
-    within(20, || {
+    within(Duration::from_secs(20), "the test", || {
         // (An async *ordered* handler is left out: its self-publishes queue
         // behind its running call, they do not nest, so there is no limit to
         // meet — it loops on the runtime instead.)
         {
-            let rt = rt();
+            let rt = runtime(2);
             let bus = bus_on(DeliveryMode::Inline, &rt);
             let errors = Arc::new(Mutex::new(Vec::new()));
             let (b, e) = (bus.clone(), Arc::clone(&errors));
@@ -970,9 +953,9 @@ fn an_async_inline_handler_publishing_to_itself_is_stopped_at_the_limit() {
 // `published`: a publish refused with `Error::Full` is not counted.
 #[test]
 fn full_names_the_full_mailboxs_capacity() {
-    within(10, || {
+    within(Duration::from_secs(10), "the test", || {
         use blazesub::{StreamOptions, StreamOverflow};
-        let rt = rt();
+        let rt = runtime(2);
         for mode in MODES {
             let bus = bus_on(mode, &rt);
             let _big = bus
