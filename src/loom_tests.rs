@@ -836,7 +836,10 @@ fn watched_ordered_sink() -> (
             1,
         ))
     };
-    sink.attach(Arc::clone(&log));
+    sink.attach(
+        Arc::clone(&log),
+        Arc::new(crate::registry::quiesce::Quiescence::new()),
+    );
     (log, seen, sink)
 }
 
@@ -1270,6 +1273,60 @@ fn loom_a_grace_period_outlasts_every_runner_that_saw_the_subscription() {
             ran_before,
             "a handler started after the grace period"
         );
+    });
+}
+
+/// A runner renews its presence between calls (as a sync ordered handler's
+/// runner does between catch-up rounds, `Quiescence::renew_if_outermost`)
+/// while the subscription is deactivated and the deactivating thread waits
+/// for a grace period, then waits once more after the runner has left. The
+/// runner's first call publishes, and that publish's runner, nested in the
+/// call, asks to renew too. Whatever the interleaving, no call runs after
+/// the first wait has returned, and the second wait ends (the renewed
+/// presence leaves from the parity it was moved to). It fails when a
+/// nested presence is renewed as well (the outer call then runs on after
+/// the wait), and when a renewed presence leaves from the parity it
+/// entered with (the second wait never ends); both tried.
+#[test]
+fn loom_a_renewed_presence_still_outlasts_the_calls_after_it() {
+    use crate::registry::quiesce::Quiescence;
+    use crate::sync::{AtomicBool, Ordering};
+
+    model(|| {
+        let quiescence = Arc::new(Quiescence::new());
+        let entry = Arc::new(Subscriber::<u32, ()>::new(0, ()));
+        let waited = Arc::new(AtomicBool::new(false));
+        let runner = {
+            let (quiescence, entry) = (Arc::clone(&quiescence), Arc::clone(&entry));
+            let waited = Arc::clone(&waited);
+            thread::spawn(move || {
+                let _present = quiescence.enter();
+                if entry.is_active() {
+                    // The call publishes: a runner nested in it.
+                    {
+                        let _nested = quiescence.enter();
+                        quiescence.renew_if_outermost();
+                    }
+                    assert!(
+                        !waited.load(Ordering::SeqCst),
+                        "a call ran on after the grace period"
+                    );
+                }
+                // Between rounds.
+                quiescence.renew_if_outermost();
+                if entry.is_active() {
+                    assert!(
+                        !waited.load(Ordering::SeqCst),
+                        "a call started after the grace period"
+                    );
+                }
+            })
+        };
+        assert!(entry.deactivate());
+        loom::future::block_on(quiescence.wait_for_readers());
+        waited.store(true, Ordering::SeqCst);
+        runner.join().unwrap();
+        loom::future::block_on(quiescence.wait_for_readers());
     });
 }
 

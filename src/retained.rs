@@ -919,7 +919,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
             .trie
             .ordered_log(&filter, inner.config.stream_capacity)
         {
-            entry.sink.attach(log);
+            entry.sink.attach(log, Arc::clone(&inner.env.quiescence));
         }
         drop(store);
         drop((released, garbage));

@@ -62,7 +62,7 @@ use super::{report_panic, InlineAtLeast};
 use crate::message::Message;
 use crate::registry::entry::{BoxFuture, Outcome, Settled, Sink, Tracked, NO_POSITION};
 use crate::registry::ordered_log::{OrderedLog, Read};
-use crate::registry::quiesce::Running;
+use crate::registry::quiesce::{Quiescence, Running};
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// A sync ordered subscription's sink. The handler is kept inline (not
@@ -72,6 +72,9 @@ pub(crate) struct OrderedSink<T, H> {
     /// Set once the subscription is in the trie (the node's log exists
     /// then); a delivery before that has nothing to run.
     log: OnceLock<Arc<OrderedLog<T>>>,
+    /// The bus's runners' record, set with `log`: a runner catching up
+    /// renews its presence between rounds (see [`Self::run`]).
+    quiescence: OnceLock<Arc<Quiescence>>,
     /// The next position to run.
     cursor: AtomicU64,
     /// The end of the last read of the log by a runner: positions below it
@@ -132,6 +135,7 @@ where
     fn starting(handler: H, id: u64, pending: usize, after: u64) -> Self {
         Self {
             log: OnceLock::new(),
+            quiescence: OnceLock::new(),
             cursor: AtomicU64::new(0),
             read_to: AtomicU64::new(0),
             pending: AtomicUsize::new(pending),
@@ -171,8 +175,9 @@ where
     /// Starts reading `log` (the subscription is in the trie): messages
     /// appended from now on reach it. Called once, before `subscribe`
     /// returns the handle, so no removal can race it.
-    pub(crate) fn attach(&self, log: Arc<OrderedLog<T>>) {
+    pub(crate) fn attach(&self, log: Arc<OrderedLog<T>>, quiescence: Arc<Quiescence>) {
         self.cursor.store(log.join(), Ordering::SeqCst);
+        let _ = self.quiescence.set(quiescence);
         let _ = self.log.set(log);
     }
 
@@ -331,8 +336,17 @@ where
                 .compare_exchange(seen, 0, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => break,
-                // More arrived: their messages are appended; catch up.
-                Err(now) => seen = now,
+                // More arrived: their messages are appended; catch up. A
+                // runner that publishers keep feeding may run for long:
+                // between rounds it lets a grace period in progress (an
+                // `unsubscribe_and_wait` of any subscription) stop waiting
+                // for it. Its next call checks the flag again.
+                Err(now) => {
+                    seen = now;
+                    if let Some(quiescence) = self.quiescence.get() {
+                        quiescence.renew_if_outermost();
+                    }
+                }
             }
         }
         tally
@@ -545,7 +559,10 @@ mod tests {
                 1,
             ))
         };
-        sink.attach(Arc::clone(&log));
+        sink.attach(
+            Arc::clone(&log),
+            Arc::new(crate::registry::quiesce::Quiescence::new()),
+        );
         // Position 0 is appended without a delivery, so the delivery of 1
         // becomes the runner through the log: it copies 0 and 1, then
         // blocks in the call for 0.
@@ -579,7 +596,10 @@ mod tests {
                 1,
             )
         };
-        sink.attach(Arc::clone(log));
+        sink.attach(
+            Arc::clone(log),
+            Arc::new(crate::registry::quiesce::Quiescence::new()),
+        );
         (sink, seen)
     }
 

@@ -145,15 +145,13 @@ impl Subscription {
     /// stack are not waited for. The wait may last longer than the handler's
     /// own calls: it waits for every runner that was delivering anything when
     /// it began (runners report per batch, not per delivery, which keeps
-    /// delivery cheap). Two consequences, known and not yet designed away:
-    /// - **Two handlers that block on it at once** (each on its own
-    ///   subscription, on two threads; or two async handlers finished in
-    ///   place at the task cap) wait for each other's runner forever. In a
-    ///   handler, [`Self::unsubscribe`] (which does not wait) is safe.
-    /// - **A sync ordered handler fed faster than it runs** keeps its
-    ///   runner delivering (`Inline` and `TaskPerSubscriber`: the runner
-    ///   catches up on what arrives meanwhile), so a wait that begins then,
-    ///   for any subscription of the bus, lasts until it has caught up.
+    /// delivery cheap; a sync ordered handler's runner that publishers keep
+    /// feeding reports again between its catch-up rounds). One consequence,
+    /// known and not yet designed away: **two handlers that block on it at
+    /// once** (each on its own subscription, on two threads; or two async
+    /// handlers finished in place at the task cap) wait for each other's
+    /// runner forever. In a handler, [`Self::unsubscribe`] (which does not
+    /// wait) is safe.
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {

@@ -18,6 +18,14 @@
 //!   themselves under the current epoch's parity, a waiter first lets the
 //!   other parity drain (only non-empty if an earlier wait was cancelled),
 //!   flips the epoch, and lets the old parity drain.
+//! - **A long run renews its presence** ([`Quiescence::renew_if_outermost`]):
+//!   a sync ordered handler's runner, which catches up for as long as
+//!   publishers keep adding, counts itself under the current epoch again
+//!   between rounds (entering anew, then leaving the old count), so a grace
+//!   period does not wait for it to catch up. Only between calls (each
+//!   checks its flag after the renewal) and only a thread's outermost
+//!   presence of the bus: a nested one runs inside a handler's call (its
+//!   publish), which the grace period must outlast.
 //! - **Runners on the waiting thread's own stack are not waited for**: they
 //!   sit below the wait in the call stack and cannot leave before it ends (a
 //!   handler blocking on its own unsubscribe). Each thread counts the runners
@@ -279,6 +287,10 @@ pub(crate) struct Presence<'a> {
     quiescence: &'a Quiescence,
     parity: usize,
     counter: usize,
+    /// Not `Send`: it is counted in its thread's record (`OWN`), and
+    /// [`Quiescence::renew_if_outermost`] relies on a thread's presences
+    /// ending in the reverse order they began.
+    _thread_bound: std::marker::PhantomData<*const ()>,
 }
 
 impl Quiescence {
@@ -310,6 +322,46 @@ impl Quiescence {
             quiescence: self,
             parity,
             counter,
+            _thread_bound: std::marker::PhantomData,
+        }
+    }
+
+    /// Renews this thread's presence as if it left and entered again, when
+    /// it is the thread's only one of this bus and a waiter has flipped the
+    /// epoch since it entered: a grace period in progress then stops
+    /// waiting for it. For a runner that may go on for long (an ordered
+    /// handler's runner catching up while publishers keep adding), called
+    /// between its rounds, where it has no flag checked that a call still
+    /// depends on: each call after it checks its flag again, ordered after
+    /// the renewed count as after [`Self::enter`]. A presence nested in
+    /// another of this bus is not renewed: the outer one may be inside a
+    /// handler's call (the inner run is that handler's publish), which the
+    /// grace period must outlast.
+    pub(crate) fn renew_if_outermost(&self) {
+        let own = own(self.id);
+        let old = match own.inside {
+            [1, 0] => 0,
+            [0, 1] => 1,
+            _ => return,
+        };
+        let parity = self.epoch.load(Ordering::SeqCst) & 1;
+        if parity == old {
+            return;
+        }
+        let shard = SHARD.with(|shard| *shard);
+        // Entered anew first, as `enter` does, then the old count goes, as
+        // `Presence::drop` does: the thread is counted throughout.
+        self.active[parity * SHARDS + shard].fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        change_own(self.id, |own| {
+            own.inside[parity] += 1;
+            own.inside[old] -= 1;
+        });
+        self.active[old * SHARDS + shard].fetch_sub(1, Ordering::SeqCst);
+        #[cfg(loom)]
+        fence(Ordering::SeqCst);
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            self.left.notify_waiters();
         }
     }
 
@@ -363,9 +415,19 @@ impl Quiescence {
 impl Drop for Presence<'_> {
     fn drop(&mut self) {
         let quiescence = self.quiescence;
-        let parity = self.parity;
-        change_own(quiescence.id, |own| own.inside[parity] -= 1);
-        quiescence.active[self.counter].fetch_sub(1, Ordering::SeqCst);
+        // Counted under the parity it entered with, unless
+        // `renew_if_outermost` moved it: then it was the thread's only
+        // presence of this bus, and so it is now (presences on a thread
+        // end in the reverse order they began), the one count left.
+        let mut parity = self.parity;
+        change_own(quiescence.id, |own| {
+            if own.inside[parity] == 0 {
+                parity ^= 1;
+            }
+            own.inside[parity] -= 1;
+        });
+        let counter = parity * SHARDS + self.counter % SHARDS;
+        quiescence.active[counter].fetch_sub(1, Ordering::SeqCst);
         // The count's decrement and the load of `waiting` are both
         // `SeqCst`: their total order with the waiter's increment and count
         // loads means a waiter that missed this decrement is seen here. Loom
