@@ -1566,27 +1566,13 @@ fn unsubscribe_and_wait_is_not_held_up_by_a_busy_ordered_runner() {
         // Two steady publishers, one message every 0.1 ms each: more than the
         // handler can take, as a busy topic would be (the log drops what
         // falls behind, counted).
-        let publishers: Vec<_> = (0..2)
-            .map(|_| {
-                let (bus, stop) = (bus.clone(), Arc::clone(&stop));
-                std::thread::spawn(move || {
-                    let mut n = 0;
-                    while !stop.load(Ordering::Relaxed) {
-                        let _ = bus.publish("ord", n);
-                        n += 1;
-                        spin(100);
-                    }
-                })
-            })
-            .collect();
+        let publishers = feed_ordered(&bus, &stop, &Arc::default(), 0);
         std::thread::sleep(Duration::from_millis(100));
         // An unrelated subscription that was never called.
         let idle = bus.subscribe("idle", |_: &Message<u32>| {}).unwrap();
         let started = Instant::now();
         let waiter = std::thread::spawn(move || block_on(idle.unsubscribe_and_wait()));
-        while !waiter.is_finished() && started.elapsed() < Duration::from_secs(3) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        finished_within(&waiter, started, Duration::from_secs(3));
         let waited = started.elapsed();
         let returned_while_publishing = waiter.is_finished();
         stop.store(true, Ordering::Relaxed);
@@ -1643,19 +1629,7 @@ fn unsubscribe_and_wait_of_a_busy_ordered_handler_returns_and_no_call_follows() 
             .unwrap()
         };
         let stop = Arc::new(AtomicBool::new(false));
-        let publishers: Vec<_> = (0..2)
-            .map(|_| {
-                let (bus, stop) = (bus.clone(), Arc::clone(&stop));
-                std::thread::spawn(move || {
-                    let mut n = 0;
-                    while !stop.load(Ordering::Relaxed) {
-                        let _ = bus.publish("ord", n);
-                        n += 1;
-                        spin(100);
-                    }
-                })
-            })
-            .collect();
+        let publishers = feed_ordered(&bus, &stop, &Arc::default(), 0);
         std::thread::sleep(Duration::from_millis(100));
         let started = Instant::now();
         let waiter = {
@@ -1665,9 +1639,7 @@ fn unsubscribe_and_wait_of_a_busy_ordered_handler_returns_and_no_call_follows() 
                 waited.store(true, Ordering::SeqCst);
             })
         };
-        while !waiter.is_finished() && started.elapsed() < Duration::from_secs(3) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        finished_within(&waiter, started, Duration::from_secs(3));
         let returned_while_publishing = waiter.is_finished();
         // Publishing goes on a while after the wait returned: nothing runs.
         std::thread::sleep(Duration::from_millis(50));
@@ -1741,29 +1713,14 @@ fn a_runner_nested_in_a_handler_keeps_that_handler_waited_for() {
     );
     // Feed the runner inside `X`'s call faster than it runs.
     let stop = Arc::new(AtomicBool::new(false));
-    let publishers: Vec<_> = (0..2)
-        .map(|_| {
-            let (bus, stop, fed) = (bus.clone(), Arc::clone(&stop), Arc::clone(&fed));
-            std::thread::spawn(move || {
-                let mut n = 1;
-                while !stop.load(Ordering::Relaxed) {
-                    let _ = bus.publish("ord", n);
-                    fed.fetch_add(1, Ordering::SeqCst);
-                    n += 1;
-                    spin(100);
-                }
-            })
-        })
-        .collect();
+    let publishers = feed_ordered(&bus, &stop, &fed, 1);
     std::thread::sleep(Duration::from_millis(20));
     let was_in_x = in_x.load(Ordering::SeqCst);
     let waiter = std::thread::spawn(move || {
         block_on(x.unsubscribe_and_wait());
     });
     let started = Instant::now();
-    while !waiter.is_finished() && started.elapsed() < Duration::from_millis(500) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    finished_within(&waiter, started, Duration::from_millis(500));
     let returned_early = waiter.is_finished() && in_x.load(Ordering::SeqCst);
     stop.store(true, Ordering::Relaxed);
     for p in publishers {
@@ -1778,6 +1735,38 @@ fn a_runner_nested_in_a_handler_keeps_that_handler_waited_for() {
     );
     quiet(&bus);
     rt.shutdown_background();
+}
+
+/// Waits until `thread` has finished or `limit` has passed since `started`.
+fn finished_within<R>(thread: &std::thread::JoinHandle<R>, started: Instant, limit: Duration) {
+    while !thread.is_finished() && started.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Two threads publishing to `ord` until `stop`, one message every 0.1 ms
+/// each (faster than a handler of 0.3 ms a call can take them), numbered
+/// from `first`, each publish counted in `fed`.
+fn feed_ordered(
+    bus: &Bus<u32>,
+    stop: &Arc<AtomicBool>,
+    fed: &Arc<AtomicU64>,
+    first: u32,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..2)
+        .map(|_| {
+            let (bus, stop, fed) = (bus.clone(), Arc::clone(stop), Arc::clone(fed));
+            std::thread::spawn(move || {
+                let mut n = first;
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = bus.publish("ord", n);
+                    fed.fetch_add(1, Ordering::SeqCst);
+                    n += 1;
+                    spin(100);
+                }
+            })
+        })
+        .collect()
 }
 
 /// Two publisher threads, on `s/a` and `s/b`, each publishing `0..n` (again
