@@ -86,7 +86,8 @@
 //! captured closes its channel, a `Bus` clone it captured makes no cycle
 //! (but a *detached* handler that owns a `Bus` clone is never unsubscribed:
 //! the bus then owns itself, and lives on, closed or not, until the process
-//! ends; keep the `Subscription` of such a handler instead). In
+//! ends; give such a handler a [`WeakBus`] ([`Bus::downgrade`]) instead, or
+//! keep its `Subscription`). In
 //! a handler set larger than 64 subscriptions on one filter, the release
 //! waits for that set's next compaction (once half of it is dead);
 //! `unsubscribe_and_wait` compacts at once. Dropping anything from inside a
@@ -256,6 +257,7 @@ mod stats;
 mod stream_options;
 mod sync;
 pub mod topic;
+mod weak_bus;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
@@ -275,3 +277,4 @@ pub use handles::{Receiver, RecvError, TryRecvError, TryRecvLaggedError};
 pub use message::{Message, Metadata};
 pub use stats::Stats;
 pub use stream_options::{StreamOptions, StreamOverflow};
+pub use weak_bus::WeakBus;
