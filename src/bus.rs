@@ -27,7 +27,8 @@ use crate::registry::entry::{
 };
 use crate::registry::mailbox::{Consumer, Mailbox};
 use crate::registry::quiesce::{self, Quiescence};
-use crate::registry::route::{Positions, Route, RouteCache};
+use crate::registry::route::{HandlerSets, Positions, Route, RouteCache};
+use crate::registry::subset::HandlerSet;
 use crate::registry::trie::{Handlers, InsertError, Streams, Trie};
 use crate::registry::{Kind, Registry};
 use crate::request::Requests;
@@ -147,7 +148,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
             overflow: config.overflow,
         });
         let dispatcher = Dispatcher::start(&config, &env)?;
-        Ok(Self {
+        let bus = Self {
             inner: Arc::new(BusInner {
                 retained: RetainedStore::new(&config),
                 shared: Arc::new(SharedGroups::new(config.share_policy, &env)),
@@ -163,7 +164,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 #[cfg(feature = "bridge")]
                 node_id: std::sync::OnceLock::new(),
             }),
-        })
+        };
+        bus.inner.shared.set_bus(Arc::downgrade(&bus.inner));
+        Ok(bus)
     }
 
     /// Subscribes `handler` to topics matching `filter`.
@@ -885,6 +888,23 @@ impl<T: Send + Sync + 'static> Bus<T> {
             }
         }
         Ok(matched)
+    }
+
+    /// Delivers `message` to the handlers of `set` as a job of its own (a
+    /// message a shared group's leaving stream member handed to a handler
+    /// member): admitted and run as a publish's deliveries are; counted
+    /// dropped on a bus already closing.
+    pub(crate) fn dispatch_to(&self, message: Arc<Message<T>>, set: Arc<HandlerSet<T>>) {
+        let inner = &*self.inner;
+        let Ok(mut admitted) = inner.env.counters.begin_publish() else {
+            inner.env.counters.dropped_now(1);
+            return;
+        };
+        let sets: HandlerSets<T> = std::iter::once(set).collect();
+        if let Some(job) = Fanout::new(message, sets, Positions::new(), &inner.policy) {
+            admitted.accept(job.total());
+            inner.dispatcher.dispatch(job, &inner.env);
+        }
     }
 
     /// Whether a publish to `topic` would reach anyone now: skip building an

@@ -13,8 +13,8 @@
 //!   large `max` allocates no room for replies that never come. The request
 //!   takes them as they come; only a burst that outruns it by more than
 //!   that (more responders than that answering inside an `Inline` publish)
-//!   loses its oldest replies, counted in `Stats::dropped` as any full
-//!   mailbox's are.
+//!   loses the newest of them (the first replies are kept), counted in
+//!   `Stats::dropped` as any full mailbox's are.
 //! - **Nobody to answer**: if the request matched no subscription, it fails
 //!   at once with [`Error::NoResponders`], without waiting for the deadline.
 //! - **Deadline**: with no reply by `timeout`, [`Error::Timeout`]
@@ -326,8 +326,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// (whatever `max` is, so a large one allocates no more room); the
     /// request takes them as they come, so only a burst of more than 4,096
     /// at once that outruns it (more `Inline` responders than that, which
-    /// all answer inside the publish) loses its oldest replies, counted in
-    /// [`Stats::dropped`](crate::Stats::dropped).
+    /// all answer inside the publish) loses the newest of them (the first
+    /// replies are kept), counted in [`Stats::dropped`](crate::Stats::dropped).
     ///
     /// Errors: as [`Bus::request`] ([`Error::Timeout`] when not one reply
     /// came), and [`Error::InvalidArgument`] for a `max` of 0.

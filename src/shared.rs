@@ -18,11 +18,16 @@
 //!   (unsubscribe or drop) is never called again; a delivery already picked
 //!   for it but not started goes to another member instead, or, with none
 //!   left, is counted as dropped. A stream member that leaves hands every
-//!   message still queued in its mailbox to the other members (picked by the
-//!   policy, on the thread dropping the receiver); with none left they are
-//!   counted as dropped. A publish racing the leave that pushes into the
-//!   mailbox after it was handed over takes its message back and passes it
-//!   on itself (the receiver's drop leaves it alone).
+//!   message still queued in its mailbox to the other members, in order
+//!   (picked by the policy, on the thread dropping the receiver); with none
+//!   left they are counted as dropped. A handler member gets each as a job
+//!   of its own, run where the delivery mode runs handlers, so dropping a
+//!   `Receiver` runs a handler only where a publish would (in `Inline`
+//!   mode, or under `CallerRuns` with no room). A publish racing the leave
+//!   that pushes into the mailbox after it was handed over takes its
+//!   message back and passes it on itself (the receiver's drop leaves it
+//!   alone); so does one pushing into a member that is leaving too, which
+//!   returns its whole queue: each message is passed on in turn.
 //! - Retained messages are not sent to shared subscriptions (MQTT 5
 //!   §4.8.2); [`Bus::retained`] reads a shared filter as its filter.
 //! - Least loaded counts a stream member's unread messages and a handler
@@ -52,9 +57,9 @@ use std::sync::{Arc, Weak};
 
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
-use crate::bus::Bus;
+use crate::bus::{Bus, BusInner};
 use crate::config::SharePolicy;
-use crate::dispatch::{deliver_now, Env};
+use crate::dispatch::Env;
 use crate::error::Error;
 use crate::handles::{Receiver, Subscription};
 use crate::message::Message;
@@ -253,7 +258,14 @@ pub(crate) struct SharedGroups<T> {
     active: AtomicUsize,
     /// Members of all groups.
     members: AtomicU64,
+    /// The bus, set once it is made: a message a leaving stream member
+    /// hands to a handler member becomes a job of its own there.
+    bus: std::sync::OnceLock<Weak<BusInner<T>>>,
 }
+
+/// How many times a passed-on message may bounce off leaving stream members
+/// before it is counted dropped (see [`SharedGroups::pass_on`]).
+const MAX_BOUNCES: u32 = 64;
 
 /// Messages a leaving stream member bounced back to a publisher, with their
 /// group.
@@ -281,7 +293,13 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
             list: ArcCell::new(Arc::new(Vec::new())),
             active: AtomicUsize::new(0),
             members: AtomicU64::new(0),
+            bus: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Called once the bus that owns these groups is made.
+    pub(crate) fn set_bus(&self, bus: Weak<BusInner<T>>) {
+        let _ = self.bus.set(bus);
     }
 
     fn lock(&self) -> MutexGuard<'_, Groups<T>> {
@@ -379,33 +397,57 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
     }
 
     /// Gives `message`, which a leaving stream member could not keep, to a
-    /// member of the group's current list, from a publisher; counts it
-    /// dropped if none can take it.
+    /// member of the group's current list; counts it dropped if none can
+    /// take it. A stream member it is pushed into may be leaving too, and
+    /// bounce it back with the rest of its queue: each message is passed on
+    /// again, in its order, until a member keeps it. A handler member gets
+    /// it as a job of its own, run where the delivery mode runs handlers.
     fn pass_on(&self, group: &Group<T>, message: Arc<Message<T>>, counters: &Counters) {
-        let mut pending = vec![message];
-        // Each try finds the list without a member that bounced (it leaves
-        // the list before it closes); bounded all the same.
-        let mut tries = 0;
-        while let Some(message) = pending.pop() {
-            tries += 1;
+        // Each message with the bounces it has taken: each bounce finds the
+        // list without the member that bounced it (it leaves the list
+        // before it closes), so a message bounces at most once per member
+        // leaving meanwhile; bounded all the same, per message (a bounce
+        // returns a whole queue, which must not share one budget).
+        let mut pending = std::collections::VecDeque::from([(message, 0u32)]);
+        let mut back = Vec::new();
+        while let Some((message, bounces)) = pending.pop_front() {
+            if bounces > MAX_BOUNCES {
+                counters.dropped_now(1);
+                continue;
+            }
             let members = group.members.load_full();
             match group.pick(&members, message.topic()) {
-                _ if tries > 64 => counters.dropped_now(1),
-                Some(Member::Handler { entry, state, .. }) => {
-                    // Not necessarily this publish's message (the member
-                    // may have left with others queued): delivered here, on
-                    // the publisher's thread, as under `CallerRuns`.
+                Some(Member::Handler { set, state, .. }) => {
                     state.picked();
-                    deliver_now(&entry.sink, &message, &self.env, None);
+                    self.hand_to_handler(Arc::clone(set), message, counters);
                 }
                 Some(Member::Stream { entry, .. }) => {
-                    let dropped = entry.sink.push_or_return(message, &mut pending);
+                    let dropped = entry.sink.push_or_return(message, &mut back);
                     if dropped > 0 {
                         counters.dropped_now(dropped);
                     }
+                    pending.extend(back.drain(..).map(|message| (message, bounces + 1)));
                 }
                 None => counters.dropped_now(1),
             }
+        }
+    }
+
+    /// A passed-on message for a handler member (its one-entry `set`): a
+    /// job of its own, as a publish's delivery would be, so the thread
+    /// passing it on (one dropping a `Receiver`, or a publisher) runs the
+    /// handler only where a publisher would: in `Inline` mode, or under
+    /// `CallerRuns` with no room. On a bus already gone or closing it is
+    /// counted dropped.
+    fn hand_to_handler(
+        &self,
+        set: Arc<HandlerSet<T>>,
+        message: Arc<Message<T>>,
+        counters: &Counters,
+    ) {
+        match self.bus.get().and_then(Weak::upgrade) {
+            Some(inner) => Bus { inner }.dispatch_to(message, set),
+            None => counters.dropped_now(1),
         }
     }
 

@@ -214,8 +214,8 @@ fn request_many_without_a_practical_limit_takes_all_that_come() {
 
 /// The bound on replies queued at once (4,096, documented on
 /// `request_many`): `Inline` responders all answer inside the publish,
-/// before the request takes any, so those beyond it push out the oldest,
-/// counted in `Stats::dropped` as for any full mailbox.
+/// before the request takes any, so those beyond it are refused (the first
+/// replies are kept), counted in `Stats::dropped` as for any full mailbox.
 #[test]
 fn request_many_queues_at_most_4096_replies_at_once() {
     let bus = Bus::<u64>::builder()

@@ -1,7 +1,6 @@
 //! Deliveries made outside a publish's job, on the calling thread: a
 //! retained snapshot handed to a new handler subscription before `subscribe`
-//! returns, and the queue of a shared group's leaving stream member handed
-//! to a handler member.
+//! returns.
 //!
 //! # Contract
 //! - The delivery runs inside a runner bracket of the bus's
