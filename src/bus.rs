@@ -892,19 +892,20 @@ impl<T: Send + Sync + 'static> Bus<T> {
 
     /// Delivers `message` to the handlers of `set` as a job of its own (a
     /// message a shared group's leaving stream member handed to a handler
-    /// member): admitted and run as a publish's deliveries are; counted
-    /// dropped on a bus already closing.
-    pub(crate) fn dispatch_to(&self, message: Arc<Message<T>>, set: Arc<HandlerSet<T>>) {
+    /// member): admitted and run as a publish's deliveries are. On a bus
+    /// already closing it is counted dropped, and `false` returned.
+    pub(crate) fn dispatch_to(&self, message: Arc<Message<T>>, set: Arc<HandlerSet<T>>) -> bool {
         let inner = &*self.inner;
         let Ok(mut admitted) = inner.env.counters.begin_publish() else {
             inner.env.counters.dropped_now(1);
-            return;
+            return false;
         };
         let sets: HandlerSets<T> = std::iter::once(set).collect();
         if let Some(job) = Fanout::new(message, sets, Positions::new(), &inner.policy) {
             admitted.accept(job.total());
             inner.dispatcher.dispatch(job, &inner.env);
         }
+        true
     }
 
     /// Whether a publish to `topic` would reach anyone now: skip building an

@@ -419,7 +419,9 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
             match group.pick(&members, message.topic()) {
                 Some(Member::Handler { set, state, .. }) => {
                     state.picked();
-                    self.hand_to_handler(Arc::clone(set), message, counters);
+                    if !self.hand_to_handler(Arc::clone(set), message, counters) {
+                        state.finished();
+                    }
                 }
                 Some(Member::Stream { entry, .. }) => {
                     let dropped = entry.sink.push_or_return(message, &mut back);
@@ -438,16 +440,19 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
     /// passing it on (one dropping a `Receiver`, or a publisher) runs the
     /// handler only where a publisher would: in `Inline` mode, or under
     /// `CallerRuns` with no room. On a bus already gone or closing it is
-    /// counted dropped.
+    /// counted dropped, and `false` returned.
     fn hand_to_handler(
         &self,
         set: Arc<HandlerSet<T>>,
         message: Arc<Message<T>>,
         counters: &Counters,
-    ) {
+    ) -> bool {
         match self.bus.get().and_then(Weak::upgrade) {
             Some(inner) => Bus { inner }.dispatch_to(message, set),
-            None => counters.dropped_now(1),
+            None => {
+                counters.dropped_now(1);
+                false
+            }
         }
     }
 
