@@ -18,20 +18,29 @@
 //! subscription), and only if `I` is the first import that matches its
 //! topic (so overlapping imports do not deliver it twice).
 //!
-//! When the bridge closes, the delivery tasks stop after the delivery in
-//! progress, and what their queues still hold is counted as dropped; a
-//! message whose local filter has no subscriber left by the time it is
-//! delivered reached nobody and is not counted as received.
+//! Every message an upstream subscription hands the bridge is delivered
+//! (`received`), found to be an echo or undecodable (`echoes`,
+//! `decode_errors`), reached no subscriber because its local filter has
+//! none left (not counted: nothing was lost), or is counted `dropped`:
+//! - when the filter's queue is full, as a slow consumer too;
+//! - when the local bus refuses it;
+//! - at close: the reconciler stops the delivery tasks (each after the
+//!   delivery in progress), then closes every upstream subscription, which
+//!   hands on what its client still holds (`Upstream::close`), and waits
+//!   for both; what reaches a queue after that point, and what the queues
+//!   still hold, is counted dropped, so the counts are final when `close`
+//!   returns (unless it ran out of time).
 
 use std::sync::{Arc, Mutex};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinHandle;
 
 use super::codec::{decode_caught, Codec};
 use super::mapping::intersect;
 use super::stats::Counters;
-use super::transport::{Deliver, Incoming, Transport, Upstream};
+use super::transport::{Arrival, Deliver, Transport, Upstream};
 use crate::bus::Bus;
 use crate::registry::trie::Interest;
 use crate::sync::Ordering;
@@ -98,7 +107,8 @@ pub(crate) struct Importer<T> {
 impl<T: Send + Sync + 'static> Importer<T> {
     /// Delivers one message that arrived on the upstream subscription for
     /// local filter `filter` within import number `import`.
-    fn deliver(&self, filter: &str, import: usize, message: Incoming) {
+    fn deliver(&self, filter: &str, import: usize, message: Arrival) {
+        let message = message.decode();
         if message.origin.as_deref() == Some(&*self.origin) {
             Counters::add(&self.stats.echoes, 1);
             return;
@@ -155,18 +165,20 @@ pub(crate) async fn reconcile<T: Send + Sync + 'static>(
     // Also when this task is aborted (`Bridge`'s drop, or a close that
     // timed out), not only when it returns.
     let _stop_deliveries = StopDeliveries(&importer.stopped);
-    let mut actual: FxHashMap<Arc<str>, Vec<Box<dyn Upstream>>> = FxHashMap::default();
+    let mut actual: FxHashMap<Arc<str>, Subscribed> = FxHashMap::default();
     loop {
         for (filter, wanted) in table.take_changes() {
             let held = actual.contains_key(&filter);
             if wanted && !held {
-                let upstream = subscribe_filter(&*transport, &importer, &filter).await;
-                actual.insert(filter, upstream);
+                let subscribed = subscribe_filter(&*transport, &importer, &filter).await;
+                actual.insert(filter, subscribed);
             } else if !wanted && held {
+                // Its delivery task ends by itself once its queue is empty
+                // and every upstream subscription (every sender) is gone.
                 actual.remove(&filter);
             }
         }
-        let count: usize = actual.values().map(Vec::len).sum();
+        let count: usize = actual.values().map(|s| s.upstreams.len()).sum();
         importer
             .stats
             .upstream_subscriptions
@@ -176,10 +188,34 @@ pub(crate) async fn reconcile<T: Send + Sync + 'static>(
             () = stop.notified() => break,
         }
     }
+    // Closing: the deliveries stop first, so what the upstream subscriptions
+    // hand on from here is counted dropped, never delivered.
+    importer.stopped.send_replace(true);
+    let mut closing = Vec::new();
+    let mut deliveries = Vec::new();
+    for (_, subscribed) in actual.drain() {
+        // Each starts unsubscribing when called.
+        closing.extend(subscribed.upstreams.into_iter().map(Upstream::close));
+        deliveries.push(subscribed.delivery);
+    }
+    for upstream in closing {
+        upstream.await;
+    }
+    for delivery in deliveries {
+        // Err only if the runtime is shutting down.
+        let _ = delivery.await;
+    }
     importer
         .stats
         .upstream_subscriptions
         .store(0, Ordering::Relaxed);
+}
+
+/// What the reconciler holds for one local filter.
+struct Subscribed {
+    upstreams: Vec<Box<dyn Upstream>>,
+    /// The filter's delivery task.
+    delivery: JoinHandle<()>,
 }
 
 /// Ends the delivery tasks when dropped.
@@ -201,9 +237,9 @@ async fn subscribe_filter<T: Send + Sync + 'static>(
     transport: &dyn Transport,
     importer: &Arc<Importer<T>>,
     filter: &Arc<str>,
-) -> Vec<Box<dyn Upstream>> {
-    let (queue, mut incoming) = mpsc::channel::<(usize, Incoming)>(importer.import_buffer);
-    let mut held = Vec::new();
+) -> Subscribed {
+    let (queue, mut incoming) = mpsc::channel::<(usize, Arrival)>(importer.import_buffer);
+    let mut upstreams = Vec::new();
     for (index, import) in importer.imports.iter().enumerate() {
         let Some(upstream_filter) = intersect(filter, import) else {
             continue;
@@ -211,8 +247,14 @@ async fn subscribe_filter<T: Send + Sync + 'static>(
         let queue = queue.clone();
         let stats = Arc::clone(&importer.stats);
         let local = Arc::clone(filter);
+        let stopped = importer.stopped.subscribe();
         let deliver: Deliver = Arc::new(move |message| match queue.try_send((index, message)) {
             Ok(()) => {}
+            // A full queue at close (the delivery task finishing its last
+            // delivery before it closes the queue) is no slow consumer.
+            Err(mpsc::error::TrySendError::Full(_)) if *stopped.borrow() => {
+                Counters::add(&stats.dropped, 1);
+            }
             Err(mpsc::error::TrySendError::Full(_)) => {
                 Counters::add(&stats.slow_consumers, 1);
                 Counters::add(&stats.dropped, 1);
@@ -222,7 +264,7 @@ async fn subscribe_filter<T: Send + Sync + 'static>(
             Err(mpsc::error::TrySendError::Closed(_)) => Counters::add(&stats.dropped, 1),
         });
         match transport.subscribe(&upstream_filter, deliver).await {
-            Ok(upstream) => held.push(upstream),
+            Ok(upstream) => upstreams.push(upstream),
             Err(error) => {
                 tracing::warn!(filter = %upstream_filter, %error, "bridge: could not subscribe upstream");
             }
@@ -233,7 +275,7 @@ async fn subscribe_filter<T: Send + Sync + 'static>(
     let target = Arc::clone(importer);
     let local = Arc::clone(filter);
     let mut stopped = importer.stopped.subscribe();
-    tokio::spawn(async move {
+    let delivery = tokio::spawn(async move {
         loop {
             let next = tokio::select! {
                 biased;
@@ -243,15 +285,21 @@ async fn subscribe_filter<T: Send + Sync + 'static>(
             let Some((index, message)) = next else { break };
             target.deliver(&local, index, message);
         }
-        // Stopped: these came in but will never reach a subscriber.
+        // Stopped: these came in but will never reach a subscriber. After
+        // `close`, a sender cannot queue more, and `recv` returns `None`
+        // once the queue is empty and no send is under way (`try_recv`
+        // could miss one under way, which would then be dropped uncounted).
         incoming.close();
         let mut left = 0;
-        while incoming.try_recv().is_ok() {
+        while incoming.recv().await.is_some() {
             left += 1;
         }
         Counters::add(&target.stats.dropped, left);
     });
-    held
+    Subscribed {
+        upstreams,
+        delivery,
+    }
 }
 
 #[cfg(test)]
@@ -322,12 +370,15 @@ mod tests {
             import_buffer: 4,
             stopped: watch::channel(false).0,
         };
-        let incoming = || Incoming {
-            topic: Some("a/x".into()),
-            raw_subject: "a.x".into(),
-            payload: bytes::Bytes::from_static(b"1"),
-            metadata: None,
-            origin: Some("there".into()),
+        let incoming = || -> Arrival {
+            crate::bridge::transport::Incoming {
+                topic: Some("a/x".into()),
+                raw_subject: "a.x".into(),
+                payload: bytes::Bytes::from_static(b"1"),
+                metadata: None,
+                origin: Some("there".into()),
+            }
+            .into()
         };
         let received = |i: &Importer<u32>| i.stats.received.load(Ordering::Relaxed);
         let sub = bus.subscribe("a/#", |_| {}).unwrap();

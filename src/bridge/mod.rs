@@ -67,7 +67,9 @@
 //!   (one topic always leaves through one export tap, in publish order, on
 //!   one connection). Every loss the bridge can see is counted in
 //!   [`BridgeStats::dropped`]; what the client had written to a socket the
-//!   instant the connection broke is lost without being seen.
+//!   instant the connection broke is lost without being seen, and so is
+//!   what the engine had sent and the client had not read when `close`
+//!   unsubscribed.
 //! - **Never blocks a local publisher.** Exports go through a bounded tap
 //!   (dropping its oldest when the bridge lags, counted), and a bounded
 //!   outgoing buffer while disconnected (`export.rs`).
@@ -215,7 +217,6 @@ impl Bridge {
                         .unwrap_or_else(|| format!("blazesub-{connection}")),
                     origin: origin.clone(),
                     backoff,
-                    subscription_capacity: 65_536,
                 };
                 Arc::new(
                     nats::Nats::connect(settings, Arc::clone(&stats), Arc::clone(&wake))
@@ -331,10 +332,13 @@ impl Bridge {
 
     /// Stops the bridge: no more exports or imports; sends what the export
     /// taps and task still hold if connected (else counts it as dropped),
-    /// counts imports still waiting for local delivery as dropped (no
-    /// local subscriber gets an import after this returns, but for one
-    /// delivery in progress), removes the upstream subscriptions and
-    /// closes the connection (each step bounded by a few seconds).
+    /// removes the upstream subscriptions, waits for the local delivery in
+    /// progress, counts as dropped the imports still waiting for local
+    /// delivery (in the bridge's queues, and those the client had received
+    /// for it), and closes the connection (each step bounded by a few
+    /// seconds). Once it returns, no local subscriber gets an import and
+    /// the counts are final, unless a local handler held its delivery past
+    /// that bound (five seconds).
     /// Calling it again does nothing.
     ///
     /// Cancel-safe: the closing runs as a task of the bridge's runtime, so

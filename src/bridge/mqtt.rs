@@ -580,13 +580,16 @@ fn dispatch(
             .collect()
     };
     for deliver in targets {
-        deliver(Incoming {
-            topic: topic.clone().ok(),
-            raw_subject: raw_subject.clone(),
-            payload: publish.payload.clone(),
-            metadata: metadata.clone(),
-            origin: from.clone(),
-        });
+        deliver(
+            Incoming {
+                topic: topic.clone().ok(),
+                raw_subject: raw_subject.clone(),
+                payload: publish.payload.clone(),
+                metadata: metadata.clone(),
+                origin: from.clone(),
+            }
+            .into(),
+        );
     }
 }
 

@@ -9,29 +9,64 @@
 //!   restores every subscription it holds, and the bridge holds exactly the
 //!   subscriptions of its table. Connection events are counted and wake the
 //!   export task, which then sends what it buffered while disconnected.
-//! - Slow consumers (the client's buffer for a subscription full) are
-//!   counted; each is a dropped message.
+//! - **Imports are lost only where they are counted.** async-nats hands
+//!   each subscription's messages to a channel of its own and, when that
+//!   channel is full, drops the message and reports it through an event
+//!   channel of 128 that it fills with `try_send`: a burst loses most such
+//!   reports (a current-thread runtime, whose connection task reads a
+//!   burst in a few large polls, counted 128 of 133,441 drops). So the
+//!   client's channel is made too large to fill ([`CLIENT_CHANNEL`]; tokio
+//!   allocates its channels as they fill, not up front), and a reader per
+//!   subscription does nothing but move every message it holds, without
+//!   decoding it, into the bridge's own bounded queue for the local filter
+//!   (`import.rs`), where what does not fit is dropped and counted exactly,
+//!   as a slow consumer. The reader runs outside tokio's cooperative budget
+//!   and empties the channel each time it runs, so the channel holds what
+//!   the connection task read since the reader last ran. That is bounded
+//!   by the client's reads, not by how far local delivery lags: the reader
+//!   is woken by the first message and runs once the connection task's
+//!   poll ends, and a poll reads at most 128 times its 64 KiB buffer. It
+//!   can still be much: a burst of 400,000 small messages to a node on two
+//!   workers had up to 245,000 in the channel at once, which the old
+//!   channel of 65,536 would have dropped, most uncounted. (The client's
+//!   slow-consumer events are still counted, should one ever come.)
+//! - **At close** each reader unsubscribes, which closes its channel to the
+//!   client, then hands on everything the channel still holds, which the
+//!   closing bridge counts as dropped. What the server had sent and the
+//!   client had not read by then is the at-most-once gap, counted nowhere:
+//!   the client drops what comes for a subscription it no longer has, and
+//!   async-nats offers no way to wait for the server to confirm the
+//!   unsubscribe (its own `drain` forgets the subscription before that).
+//!   An upstream subscription dropped while the bridge runs (its local
+//!   filter lost its last subscriber) drops what its channel holds
+//!   uncounted: it would have reached no subscriber.
 //! - A message whose subject or size the server would refuse (and close the
 //!   connection for) is refused here instead, and counted as dropped. The
 //!   size is the payload and its headers (origin and metadata) together,
 //!   as the server counts it against its `max_payload`; NATS puts no limit
 //!   of its own on one header.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use async_nats::{Client, ConnectOptions, Event, HeaderMap, HeaderName, HeaderValue};
-use tokio::sync::Notify;
+use async_nats::{Client, ConnectOptions, Event, HeaderMap, HeaderName, HeaderValue, Subscriber};
+use futures_core::Stream;
+use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use super::backoff::Backoff;
 use super::mapping::{
     escape_header, filter_to_subjects, subject_to_topic, topic_to_subject, unescape_header,
 };
 use super::stats::Counters;
-use super::transport::{BoxFuture, Deliver, Incoming, Outgoing, SendError, Transport, Upstream};
+use super::transport::{
+    Arrival, BoxFuture, Deliver, Incoming, Outgoing, SendError, Transport, Upstream,
+};
 use crate::message::Metadata;
 
 /// The header that carries the sending node's id.
@@ -41,6 +76,16 @@ pub(crate) const ORIGIN_HEADER: &str = "Blazesub-Origin";
 /// default `max_control_line` is 4 KiB, and a longer protocol line makes it
 /// close the connection.
 const MAX_SUBJECT: usize = 3_900;
+
+/// The capacity of the client's channel for each subscription: more than
+/// memory holds, so the client never drops a message there (see the module
+/// docs). Well under tokio's limit for a bounded channel (`usize::MAX >>
+/// 3`), which `tokio::sync::mpsc::channel` asserts.
+const CLIENT_CHANNEL: usize = 1 << 28;
+
+/// How long a reader waits, at close, for the client to take its
+/// unsubscribe: the client reads no command while it reconnects.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 pub(crate) struct Nats {
     client: Client,
@@ -52,7 +97,6 @@ pub(crate) struct Settings {
     pub(crate) name: String,
     pub(crate) origin: String,
     pub(crate) backoff: Backoff,
-    pub(crate) subscription_capacity: usize,
 }
 
 impl Nats {
@@ -70,7 +114,7 @@ impl Nats {
             .no_echo()
             .retry_on_initial_connect()
             .max_reconnects(None)
-            .subscription_capacity(settings.subscription_capacity)
+            .subscription_capacity(CLIENT_CHANNEL)
             .reconnect_delay_callback(move |attempt| backoff.delay(attempt))
             .event_callback(move |event| {
                 on_event(&events, &wake, event);
@@ -98,6 +142,8 @@ fn on_event(stats: &Counters, wake: &Notify, event: Event) {
             wake.notify_one();
         }
         Event::Disconnected => tracing::warn!("bridge disconnected from NATS; reconnecting"),
+        // Not expected (the channel is sized never to fill); counted if it
+        // comes, though a burst of them would lose some (see module docs).
         Event::SlowConsumer(sid) => {
             Counters::add(&stats.slow_consumers, 1);
             Counters::add(&stats.dropped, 1);
@@ -109,15 +155,100 @@ fn on_event(stats: &Counters, wake: &Notify, event: Event) {
     }
 }
 
-struct NatsUpstream(Vec<JoinHandle<()>>);
+/// One upstream subscription: a reader per subject (two for a filter
+/// ending in `/#`).
+struct NatsUpstream(Vec<Reader>);
 
-impl Upstream for NatsUpstream {}
+struct Reader {
+    task: JoinHandle<()>,
+    /// Sent when the bridge closes: the reader unsubscribes and hands on
+    /// what the client holds. Dropped unsent, the reader is aborted.
+    close: oneshot::Sender<()>,
+}
+
+impl Upstream for NatsUpstream {
+    fn close(mut self: Box<Self>) -> BoxFuture<'static, ()> {
+        // Taken, so the drop below aborts nothing.
+        let readers = std::mem::take(&mut self.0);
+        let tasks: Vec<JoinHandle<()>> = readers
+            .into_iter()
+            .map(|reader| {
+                // Err: the reader has ended (its subscription ended).
+                let _ = reader.close.send(());
+                reader.task
+            })
+            .collect();
+        Box::pin(async move {
+            for task in tasks {
+                // Err only if the runtime is shutting down.
+                let _ = task.await;
+            }
+        })
+    }
+}
 
 impl Drop for NatsUpstream {
     fn drop(&mut self) {
-        // Dropping the task drops its subscriber, which unsubscribes.
-        for task in &self.0 {
-            task.abort();
+        // Dropping the task drops its subscriber, which unsubscribes; what
+        // its channel holds would reach no local subscriber.
+        for reader in &self.0 {
+            reader.task.abort();
+        }
+    }
+}
+
+/// Moves every message the client hands `subscriber` to `deliver` until
+/// the bridge closes or the client ends the subscription.
+async fn read(mut subscriber: Subscriber, deliver: Deliver, mut close: oneshot::Receiver<()>) {
+    // Outside tokio's budget (128 polls a turn, then `Pending`), or the
+    // reader would move 128 messages a turn while the connection task adds
+    // tens of thousands, and the channel would grow with the burst.
+    #[allow(deprecated)] // `task::coop::unconstrained` from tokio 1.44; we allow 1.38
+    let closing = tokio::task::unconstrained(std::future::poll_fn(|cx| {
+        match Pin::new(&mut close).poll(cx) {
+            Poll::Ready(Ok(())) => return Poll::Ready(true),
+            // Dropped unsent: the task is being aborted.
+            Poll::Ready(Err(_)) => return Poll::Ready(false),
+            Poll::Pending => {}
+        }
+        match hand_on_ready(&mut subscriber, &deliver, cx) {
+            Poll::Ready(()) => Poll::Ready(false),
+            Poll::Pending => Poll::Pending,
+        }
+    }))
+    .await;
+    if !closing {
+        return;
+    }
+    // Unsubscribing closes the channel: nothing more enters it, and reading
+    // it ends once it is empty. An error means the client has stopped, and
+    // its end of the channel is gone with it: reading ends the same way.
+    let deadline = Instant::now() + CLOSE_WAIT;
+    if let Ok(Err(error)) = tokio::time::timeout_at(deadline, subscriber.unsubscribe()).await {
+        tracing::debug!(%error, "bridge: NATS unsubscribe at close");
+    }
+    #[allow(deprecated)]
+    let rest = tokio::task::unconstrained(std::future::poll_fn(|cx| {
+        hand_on_ready(&mut subscriber, &deliver, cx)
+    }));
+    if tokio::time::timeout_at(deadline, rest).await.is_err() {
+        // The client took no command for `CLOSE_WAIT` (it is reconnecting,
+        // and reads nothing from the server either): hand on what the
+        // channel holds now; its drop closes it.
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let _ = hand_on_ready(&mut subscriber, &deliver, &mut cx);
+        tracing::warn!("bridge: NATS client unresponsive at close; unsubscribing without it");
+    }
+}
+
+/// Hands every message `subscriber` holds now to `deliver`; `Ready` once
+/// the subscription has ended and nothing is left.
+fn hand_on_ready(subscriber: &mut Subscriber, deliver: &Deliver, cx: &mut Context<'_>) -> Poll<()> {
+    loop {
+        match Pin::new(&mut *subscriber).poll_next(cx) {
+            Poll::Ready(Some(message)) => deliver(Arrival::Nats(message)),
+            Poll::Ready(None) => return Poll::Ready(()),
+            Poll::Pending => return Poll::Pending,
         }
     }
 }
@@ -156,7 +287,7 @@ impl Transport for Nats {
         deliver: Deliver,
     ) -> BoxFuture<'a, Result<Box<dyn Upstream>, String>> {
         Box::pin(async move {
-            let mut tasks = NatsUpstream(Vec::new());
+            let mut upstream = NatsUpstream(Vec::new());
             for subject in filter_to_subjects(filter) {
                 if subject.len() > MAX_SUBJECT {
                     return Err(format!(
@@ -164,26 +295,16 @@ impl Transport for Nats {
                         subject.len()
                     ));
                 }
-                let mut subscriber = self
+                let subscriber = self
                     .client
                     .subscribe(subject)
                     .await
                     .map_err(|e| e.to_string())?;
-                let deliver = Arc::clone(&deliver);
-                tasks.0.push(tokio::spawn(async move {
-                    loop {
-                        let next = std::future::poll_fn(|cx| {
-                            futures_core::Stream::poll_next(Pin::new(&mut subscriber), cx)
-                        })
-                        .await;
-                        match next {
-                            Some(message) => deliver(incoming(message)),
-                            None => break,
-                        }
-                    }
-                }));
+                let (close, closing) = oneshot::channel();
+                let task = tokio::spawn(read(subscriber, Arc::clone(&deliver), closing));
+                upstream.0.push(Reader { task, close });
             }
-            Ok(Box::new(tasks) as Box<dyn Upstream>)
+            Ok(Box::new(upstream) as Box<dyn Upstream>)
         })
     }
 
@@ -244,7 +365,9 @@ fn encoded_len(headers: &HeaderMap) -> usize {
     VERSION_LINE + lines + END
 }
 
-fn incoming(message: async_nats::Message) -> Incoming {
+/// A message as the client gave it, decoded (in the import's delivery
+/// task, not the reader: see [`Arrival`]).
+pub(crate) fn incoming(message: async_nats::Message) -> Incoming {
     let raw_subject = message.subject.to_string();
     let mut origin = None;
     let mut metadata = None;

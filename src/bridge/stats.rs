@@ -23,7 +23,9 @@ pub struct BridgeStats {
     /// buffer or the outgoing buffer while disconnected, that could not be
     /// encoded or sent, or were too big for the engine; imports the engine
     /// or client dropped for a slow consumer, the local bus refused, or
-    /// that still waited for local delivery when the bridge closed.
+    /// that still waited for local delivery when the bridge closed (in the
+    /// bridge's queues, or in the client's, received but not yet handed
+    /// to the bridge).
     pub dropped: u64,
     /// Remote payloads (or subjects) that could not be decoded; each is
     /// also logged with its topic.

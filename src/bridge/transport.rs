@@ -37,8 +37,35 @@ pub(crate) struct Incoming {
     pub(crate) origin: Option<String>,
 }
 
-/// Called for every message an upstream subscription receives.
-pub(crate) type Deliver = Arc<dyn Fn(Incoming) + Send + Sync>;
+/// A message as an upstream subscription hands it to the bridge: decoded
+/// already (MQTT), or as the client gave it (NATS), to be decoded by the
+/// import's delivery task: the reader that moves a NATS message out of the
+/// client's channel must do as little as it can (see `nats.rs`).
+pub(crate) enum Arrival {
+    Decoded(Incoming),
+    #[cfg(feature = "nats")]
+    Nats(async_nats::Message),
+}
+
+impl Arrival {
+    pub(crate) fn decode(self) -> Incoming {
+        match self {
+            Arrival::Decoded(incoming) => incoming,
+            #[cfg(feature = "nats")]
+            Arrival::Nats(message) => super::nats::incoming(message),
+        }
+    }
+}
+
+impl From<Incoming> for Arrival {
+    fn from(incoming: Incoming) -> Self {
+        Arrival::Decoded(incoming)
+    }
+}
+
+/// Called for every message an upstream subscription receives. It never
+/// waits: it queues the message for local delivery or counts it dropped.
+pub(crate) type Deliver = Arc<dyn Fn(Arrival) + Send + Sync>;
 
 /// Why a publish did not go out.
 pub(crate) enum SendError {
@@ -48,8 +75,19 @@ pub(crate) enum SendError {
     Refused(String),
 }
 
-/// One upstream subscription; dropping it unsubscribes.
-pub(crate) trait Upstream: Send {}
+/// One upstream subscription; dropping it unsubscribes (what the client
+/// still holds for it is dropped: its local filter has no subscriber left).
+pub(crate) trait Upstream: Send {
+    /// Unsubscribes at the bridge's close: when called, it stops handing
+    /// messages on; the future it returns hands `deliver` what the client
+    /// had already accepted for this subscription (the bridge is closing,
+    /// so `deliver` counts each dropped), and ends once no more can come.
+    /// By default, as dropping: for a client that holds nothing of its own.
+    fn close(self: Box<Self>) -> BoxFuture<'static, ()> {
+        drop(self);
+        Box::pin(std::future::ready(()))
+    }
+}
 
 /// An engine connection.
 pub(crate) trait Transport: Send + Sync + 'static {

@@ -1,0 +1,228 @@
+//! The NATS bridge's import accounting at its edges: every message the
+//! server hands a node's client is delivered locally or counted in
+//! `BridgeStats::dropped`, exactly, under a burst that overflows and at a
+//! close with a backlog.
+//!
+//! Each node runs on a current-thread runtime (the tests' own), where the
+//! client's connection task reads a burst far faster than anything else on
+//! the runtime runs; the raw NATS publisher runs on a thread of its own.
+//!
+//! Needs `nats-server` on PATH or in `BLAZESUB_NATS_SERVER`, as the other
+//! bridge tests; without it these tests fail, never skip. Each test has a
+//! time limit and fails rather than hangs.
+#![cfg(feature = "nats")]
+
+#[path = "common/bridge_support.rs"]
+mod bridge_support;
+#[path = "common/nats_server.rs"]
+mod nats_server;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blazesub::bridge::{Bridge, BridgeStats};
+use bridge_support::{inline_bus, limit, start_node};
+use bytes::Bytes;
+use nats_server::NatsServer;
+
+/// Publishes `n` small messages to `subject.{i % 8}` from a raw client on a
+/// thread and runtime of its own (so the node's runtime does not pace it),
+/// and returns once the server has them.
+async fn publish_burst(url: String, subject: &'static str, n: usize) {
+    tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let client = async_nats::connect(url).await.unwrap();
+            let subjects: Vec<String> = (0..8).map(|i| format!("{subject}.{i}")).collect();
+            for i in 0..n {
+                client
+                    .publish(subjects[i % 8].clone(), Bytes::from_static(b"x"))
+                    .await
+                    .unwrap();
+            }
+            client.flush().await.unwrap();
+        });
+    })
+    .await
+    .unwrap();
+}
+
+/// Waits (off the runtime: it asks the server over HTTP) until the server
+/// has sent `n` messages to the connection named `name`.
+async fn server_sent(server: &NatsServer, name: &'static str, n: u64) {
+    let monitor = NatsServer::monitor_only(server);
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let sent = monitor.connection(name).map_or(0, |c| c.1);
+            if sent >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server sent {name} {sent} of {n}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// Waits until the server counts `subscriptions` for `name`.
+async fn server_subscriptions(server: &NatsServer, name: &'static str, subscriptions: u64) {
+    let monitor = NatsServer::monitor_only(server);
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while monitor.connection(name).map_or(0, |c| c.0) != subscriptions {
+            assert!(Instant::now() < deadline, "{name} never subscribed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// Whether `what()` stays the same for `quiet`; waits at most `max`.
+async fn settle(what: impl Fn() -> u64, quiet: Duration, max: Duration) -> u64 {
+    let deadline = Instant::now() + max;
+    let mut last = what();
+    let mut since = Instant::now();
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = what();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() >= quiet {
+            break;
+        }
+    }
+    last
+}
+
+fn accounted(s: &BridgeStats) -> u64 {
+    s.received + s.dropped
+}
+
+/// A burst far bigger than the client's subscription channel (64 Ki
+/// messages) to a node on a current-thread runtime: the client's
+/// connection task reads the burst in a few large polls, so before the fix
+/// its channel overflowed and async-nats dropped the rest, reporting each
+/// drop as an event through a channel of 128 it fills with `try_send`;
+/// most drops went uncounted. Now every message the server sent is
+/// received or counted dropped (as a slow consumer), exactly.
+#[tokio::test]
+async fn a_burst_that_overflows_is_received_or_counted_exactly() {
+    const N: u64 = 200_000;
+    let server = NatsServer::start();
+    limit(60, async {
+        let bus = inline_bus::<Bytes>();
+        let bridge = start_node(
+            Bridge::builder(&bus)
+                .nats(server.url())
+                .import_buffer(1_024),
+            "sink",
+            &[],
+            &["burst/#"],
+        )
+        .await;
+        let handled = Arc::new(AtomicU64::new(0));
+        let h = Arc::clone(&handled);
+        let _sub = bus
+            .subscribe("burst/#", move |_| {
+                h.fetch_add(1, Ordering::Relaxed);
+            })
+            .unwrap();
+        server_subscriptions(&server, "sink", 2).await; // `burst.>`, `burst`
+        let started = Instant::now();
+        publish_burst(server.url(), "burst", N as usize).await;
+        server_sent(&server, "sink", N).await;
+        let total = settle(
+            || accounted(&bridge.stats()),
+            Duration::from_millis(500),
+            Duration::from_secs(20),
+        )
+        .await;
+        let s = bridge.stats();
+        eprintln!("{s:?} after {:?}", started.elapsed());
+        assert_eq!(s.reconnects, 0, "the connection held: {s:?}");
+        assert_eq!(
+            server.varz_field("slow_consumers"),
+            Some(0),
+            "the server dropped nothing"
+        );
+        assert_eq!(handled.load(Ordering::Relaxed), s.received);
+        assert_eq!(s.dropped, s.slow_consumers, "{s:?}");
+        assert_eq!(
+            total,
+            N,
+            "every message received or counted dropped: {} of {N} unaccounted ({s:?})",
+            N.saturating_sub(total)
+        );
+        bridge.close().await.unwrap();
+    })
+    .await;
+}
+
+/// A backlog still in the client's subscription channel when the bridge
+/// closes: the node's only subscriber is an Inline handler that takes
+/// about 0.1 ms, so on this current-thread runtime the bridge moves
+/// little of a 40,000-message burst (which fits the client's channel)
+/// before `close`. Before the fix, what the client's channel held was
+/// dropped with its reader task, uncounted; now `close` counts it.
+#[tokio::test]
+async fn close_counts_what_the_clients_channel_still_holds() {
+    const N: u64 = 40_000;
+    let server = NatsServer::start();
+    limit(60, async {
+        let bus = inline_bus::<Bytes>();
+        let bridge = start_node(
+            Bridge::builder(&bus).nats(server.url()),
+            "held",
+            &[],
+            &["held/#"],
+        )
+        .await;
+        let handled = Arc::new(AtomicU64::new(0));
+        let h = Arc::clone(&handled);
+        let _sub = bus
+            .subscribe("held/#", move |_| {
+                std::thread::sleep(Duration::from_micros(100));
+                h.fetch_add(1, Ordering::Relaxed);
+            })
+            .unwrap();
+        server_subscriptions(&server, "held", 2).await;
+        publish_burst(server.url(), "held", N as usize).await;
+        server_sent(&server, "held", N).await;
+        // A moment for the client to read the socket: what is still in it
+        // when the bridge unsubscribes is the at-most-once gap, uncounted.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = bridge.stats();
+        bridge.close().await.unwrap();
+        let at_close = handled.load(Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let s = bridge.stats();
+        eprintln!("before close {before:?}; after {s:?}");
+        assert_eq!(s.reconnects, 0, "{s:?}");
+        assert!(
+            handled.load(Ordering::Relaxed) <= at_close + 1,
+            "deliveries after close returned"
+        );
+        assert_eq!(handled.load(Ordering::Relaxed), s.received);
+        assert!(
+            s.received < N / 2,
+            "the test needs a backlog at close: {s:?}"
+        );
+        assert_eq!(
+            accounted(&s),
+            N,
+            "every message received or counted dropped: {} of {N} unaccounted ({s:?})",
+            N.saturating_sub(accounted(&s))
+        );
+    })
+    .await;
+}
