@@ -1,7 +1,8 @@
 //! The NATS bridge's import accounting at its edges: every message the
 //! server hands a node's client is delivered locally or counted in
 //! `BridgeStats::dropped`, exactly, under a burst that overflows and at a
-//! close with a backlog.
+//! close with a backlog; and bus topics starting with `$` stay out of the
+//! NATS subjects reserved for the server (`$SYS`, `$JS`...).
 //!
 //! Each node runs on a current-thread runtime (the tests' own), where the
 //! client's connection task reads a burst far faster than anything else on
@@ -21,8 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use blazesub::bridge::mapping::{filter_to_subjects, subject_to_topic, topic_to_subject};
 use blazesub::bridge::{Bridge, BridgeStats};
-use bridge_support::{inline_bus, limit, start_node};
+use bridge_support::{inline_bus, limit, start_node, until, Seen};
 use bytes::Bytes;
 use nats_server::NatsServer;
 
@@ -225,4 +227,88 @@ async fn close_counts_what_the_clients_channel_still_holds() {
         );
     })
     .await;
+}
+
+/// NATS reserves subjects starting with `$` for the server and its
+/// services (`$SYS` events, the `$JS` JetStream API, `$KV`...). Bus topics
+/// starting with `$` are valid, and the mapping promises one subject per
+/// topic name: they are escaped (`%24`), never sent onto a reserved
+/// subject, and carried between nodes; a reserved subject another client
+/// publishes is no topic of this mapping.
+#[test]
+fn dollar_topics_map_outside_the_reserved_subjects() {
+    for topic in ["$SYS/x", "$JS/API/INFO", "$", "$/a", "a/$b"] {
+        let subject = topic_to_subject(topic);
+        assert!(!subject.starts_with('$'), "{topic} -> {subject}");
+        assert_eq!(subject_to_topic(&subject).as_deref(), Some(topic));
+    }
+    // Only a leading `$` is reserved.
+    assert_eq!(topic_to_subject("a/$b"), "a.$b");
+    for filter in ["$SYS/#", "$JS/+/INFO", "$share"] {
+        for subject in filter_to_subjects(filter) {
+            assert!(!subject.starts_with('$'), "{filter} -> {subject}");
+        }
+    }
+    assert_eq!(subject_to_topic("$SYS.x"), None);
+    assert_eq!(subject_to_topic("$JS.API.INFO"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dollar_topics_cross_the_bridge_but_not_into_reserved_subjects() {
+    let server = NatsServer::start();
+    limit(60, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let filters = ["$SYS/#", "$JS/#"];
+        let ba = start_node(Bridge::builder(&a).nats(server.url()), "a", &filters, &[]).await;
+        let bb = start_node(Bridge::builder(&b).nats(server.url()), "b", &[], &filters).await;
+        // A raw client watching the reserved subjects.
+        let raw = async_nats::connect(server.url()).await.unwrap();
+        let mut watch_sys = raw.subscribe("$SYS.>").await.unwrap();
+        let mut watch_js = raw.subscribe("$JS.>").await.unwrap();
+        raw.flush().await.unwrap();
+        let seen = Seen::default();
+        let _s1 = b.subscribe("$SYS/#", seen.handler()).unwrap();
+        let _s2 = b.subscribe("$JS/#", seen.handler()).unwrap();
+        until(
+            || bb.stats().upstream_subscriptions == 2,
+            || format!("{:?}", bb.stats()),
+        )
+        .await;
+        server_subscriptions(&server, "b", 4).await;
+
+        a.publish("$SYS/x", Bytes::from_static(b"1")).unwrap();
+        a.publish("$JS/API/INFO", Bytes::from_static(b"2")).unwrap();
+        // Another client's message on a reserved subject is no topic.
+        raw.publish("$SYS.y", Bytes::from_static(b"3"))
+            .await
+            .unwrap();
+        raw.flush().await.unwrap();
+        until(
+            || seen.len() >= 2,
+            || format!("{:?} {:?}", ba.stats(), bb.stats()),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(seen.sorted_topics(), ["$JS/API/INFO", "$SYS/x"]);
+        assert_eq!(ba.stats().sent, 2);
+        // `$SYS.y` is the raw client's own (it does not set no_echo).
+        assert_eq!(waiting(&mut watch_sys), ["$SYS.y"], "on reserved subjects");
+        assert!(waiting(&mut watch_js).is_empty(), "on reserved subjects");
+        ba.close().await.unwrap();
+        bb.close().await.unwrap();
+    })
+    .await;
+}
+
+/// The subjects of the messages `subscriber` holds now.
+fn waiting(subscriber: &mut async_nats::Subscriber) -> Vec<String> {
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let mut subjects = Vec::new();
+    while let std::task::Poll::Ready(Some(message)) =
+        futures_core::Stream::poll_next(std::pin::Pin::new(&mut *subscriber), &mut cx)
+    {
+        subjects.push(message.subject.to_string());
+    }
+    subjects
 }

@@ -9,6 +9,14 @@
 //!   other ASCII whitespace or control character become `%XX` (two
 //!   upper-case hex digits), so a literal `*` or `>` can never be read as a
 //!   wildcard and no token is empty or split;
+//! - a `$` that starts the first level becomes `%24`: NATS reserves the
+//!   subjects that start with `$` for the server and its services (`$SYS`
+//!   events, the `$JS` JetStream API, `$KV`, `$SRV`...), and a bus topic
+//!   such as `$JS/API/STREAM/DELETE/orders` must not become a request to
+//!   one of them. Such topics are valid on the bus, so they are carried
+//!   (escaped, as any reserved character), not refused; and a subject
+//!   under `$` that another NATS client publishes is no subject this
+//!   mapping makes, so it maps to no topic;
 //! - everything else, UTF-8 included, is kept as it is.
 //!
 //! A filter maps the same way, with `+` → `*` and `#` → `>`. As NATS's `>`
@@ -22,6 +30,8 @@
 //! assert_eq!(topic_to_subject("a//b.c"), "a.%.b%2Ec");
 //! assert_eq!(subject_to_topic("a.%.b%2Ec").as_deref(), Some("a//b.c"));
 //! assert_eq!(filter_to_subjects("a/+/#"), ["a.*.>", "a.*"]);
+//! assert_eq!(topic_to_subject("$SYS/x"), "%24SYS.x");
+//! assert_eq!(subject_to_topic("$SYS.x"), None);
 //! ```
 
 use std::fmt::Write as _;
@@ -34,12 +44,20 @@ fn is_plain(c: char) -> bool {
     !(c == '.' || c == '*' || c == '>' || c == ESCAPE || c.is_whitespace() || c.is_control())
 }
 
-fn push_level(out: &mut String, level: &str) {
+/// Pushes level number `index` of a topic or filter (a literal, not a
+/// wildcard) as a subject token.
+fn push_level(out: &mut String, index: usize, level: &str) {
     if level.is_empty() {
         out.push(ESCAPE);
         return;
     }
-    for c in level.chars() {
+    let mut chars = level.chars();
+    if index == 0 && level.starts_with('$') {
+        // The server's namespace (see the module docs).
+        out.push_str("%24");
+        chars.next();
+    }
+    for c in chars {
         if is_plain(c) {
             out.push(c);
         } else {
@@ -59,7 +77,7 @@ pub fn topic_to_subject(topic: &str) -> String {
         if i > 0 {
             out.push('.');
         }
-        push_level(&mut out, level);
+        push_level(&mut out, i, level);
     }
     out
 }
@@ -76,7 +94,7 @@ pub fn filter_to_subjects(filter: &str) -> Vec<String> {
         match level {
             "+" => out.push('*'),
             "#" => out.push('>'),
-            level => push_level(&mut out, level),
+            level => push_level(&mut out, i, level),
         }
     }
     match out.strip_suffix(".>") {
@@ -91,8 +109,8 @@ pub fn filter_to_subjects(filter: &str) -> Vec<String> {
 /// The topic name a subject stands for, or `None` if the subject is not one
 /// this mapping makes (a wildcard token, an empty token, a bad escape,
 /// escaped bytes that are not UTF-8, a `/` in a token, an escape of a
-/// character the mapping keeps, lower-case hex): another NATS client
-/// published it. So the mapping is one-to-one: each topic has one subject,
+/// character the mapping keeps, lower-case hex, a leading `$` unescaped):
+/// another NATS client published it. So the mapping is one-to-one: each topic has one subject,
 /// and only that subject maps back to it.
 ///
 /// ```
@@ -247,6 +265,12 @@ mod tests {
         assert_eq!(subject_to_topic("a..b"), None);
         assert_eq!(subject_to_topic("a.%4"), None);
         assert_eq!(subject_to_topic("a.%FF"), None);
+        // `$` is escaped where NATS reserves it: first in the subject.
+        assert_eq!(topic_to_subject("$SYS/$x"), "%24SYS.$x");
+        assert_eq!(subject_to_topic("%24SYS.$x").as_deref(), Some("$SYS/$x"));
+        assert_eq!(filter_to_subjects("$JS/+/#"), ["%24JS.*.>", "%24JS.*"]);
+        assert_eq!(subject_to_topic("$JS.API.INFO"), None);
+        assert_eq!(subject_to_topic("%24"), Some("$".into()));
     }
 
     #[test]
