@@ -4,9 +4,10 @@
 //! close with a backlog; and bus topics starting with `$` stay out of the
 //! NATS subjects reserved for the server (`$SYS`, `$JS`...).
 //!
-//! Each node runs on a current-thread runtime (the tests' own), where the
-//! client's connection task reads a burst far faster than anything else on
-//! the runtime runs; the raw NATS publisher runs on a thread of its own.
+//! The accounting tests run their node on a current-thread runtime (the
+//! test's own), where the client's connection task reads a burst far
+//! faster than anything else on the runtime runs; the raw NATS publisher
+//! runs on a thread of its own.
 //!
 //! Needs `nats-server` on PATH or in `BLAZESUB_NATS_SERVER`, as the other
 //! bridge tests; without it these tests fail, never skip. Each test has a
@@ -89,7 +90,7 @@ async fn server_subscriptions(server: &NatsServer, name: &'static str, subscript
     .unwrap();
 }
 
-/// Whether `what()` stays the same for `quiet`; waits at most `max`.
+/// `what()` once it has stayed the same for `quiet` (or after `max`).
 async fn settle(what: impl Fn() -> u64, quiet: Duration, max: Duration) -> u64 {
     let deadline = Instant::now() + max;
     let mut last = what();
