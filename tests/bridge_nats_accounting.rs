@@ -230,6 +230,60 @@ async fn close_counts_what_the_clients_channel_still_holds() {
     .await;
 }
 
+/// A local filter subscribed and unsubscribed 40 times while 60,000
+/// messages flow counts no drop that did not happen (the thirty-third
+/// session's reverted fix counted 35-1,411: it took messages the client
+/// dropped for a subscription it had just forgotten as slow-consumer
+/// drops), and a filter that stays subscribed gets every message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filter_churn_counts_no_drop_that_did_not_happen() {
+    const N: u64 = 60_000;
+    let server = NatsServer::start();
+    limit(60, async {
+        let bus = inline_bus::<Bytes>();
+        let bridge = start_node(
+            Bridge::builder(&bus).nats(server.url()),
+            "churn",
+            &[],
+            &["churn/#"],
+        )
+        .await;
+        let kept = Arc::new(AtomicU64::new(0));
+        let k = Arc::clone(&kept);
+        let _kept = bus
+            .subscribe("churn/#", move |_| {
+                k.fetch_add(1, Ordering::Relaxed);
+            })
+            .unwrap();
+        server_subscriptions(&server, "churn", 2).await;
+        let publisher = tokio::spawn(publish_burst(server.url(), "churn", N as usize));
+        for _ in 0..40 {
+            let churn = bus.subscribe("churn/+", |_| {}).unwrap();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            drop(churn);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        publisher.await.unwrap();
+        until(
+            || kept.load(Ordering::Relaxed) >= N,
+            || {
+                format!(
+                    "{} of {N}: {:?}",
+                    kept.load(Ordering::Relaxed),
+                    bridge.stats()
+                )
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let s = bridge.stats();
+        assert_eq!(kept.load(Ordering::Relaxed), N, "{s:?}");
+        assert_eq!((s.dropped, s.slow_consumers), (0, 0), "{s:?}");
+        bridge.close().await.unwrap();
+    })
+    .await;
+}
+
 /// NATS reserves subjects starting with `$` for the server and its
 /// services (`$SYS` events, the `$JS` JetStream API, `$KV`...). Bus topics
 /// starting with `$` are valid, and the mapping promises one subject per
