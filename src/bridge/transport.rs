@@ -78,11 +78,12 @@ pub(crate) enum SendError {
 /// One upstream subscription; dropping it unsubscribes (what the client
 /// still holds for it is dropped: its local filter has no subscriber left).
 pub(crate) trait Upstream: Send {
-    /// Unsubscribes at the bridge's close: when called, it stops handing
-    /// messages on; the future it returns hands `deliver` what the client
-    /// had already accepted for this subscription (the bridge is closing,
-    /// so `deliver` counts each dropped), and ends once no more can come.
-    /// By default, as dropping: for a client that holds nothing of its own.
+    /// Unsubscribes at the bridge's close, starting when called; the future
+    /// it returns hands `deliver` everything the client took in for this
+    /// subscription until it stopped taking more (the bridge is closing,
+    /// so `deliver` counts each dropped), and ends then. By default, as
+    /// dropping: for a client that holds nothing of its own (MQTT, whose
+    /// event loop calls `deliver` itself).
     fn close(self: Box<Self>) -> BoxFuture<'static, ()> {
         drop(self);
         Box::pin(std::future::ready(()))
