@@ -207,8 +207,7 @@ async fn read(mut subscriber: Subscriber, deliver: Deliver, mut close: oneshot::
     // Outside tokio's budget (128 polls a turn, then `Pending`), or the
     // reader would move 128 messages a turn while the connection task adds
     // tens of thousands, and the channel would grow with the burst.
-    #[allow(deprecated)] // `task::coop::unconstrained` from tokio 1.44; we allow 1.38
-    let closing = tokio::task::unconstrained(std::future::poll_fn(|cx| {
+    let closing = tokio::task::coop::unconstrained(std::future::poll_fn(|cx| {
         match Pin::new(&mut close).poll(cx) {
             Poll::Ready(Ok(())) => return Poll::Ready(true),
             // Dropped unsent: the task is being aborted.
@@ -232,8 +231,7 @@ async fn read(mut subscriber: Subscriber, deliver: Deliver, mut close: oneshot::
     if let Ok(Err(error)) = tokio::time::timeout_at(deadline, subscriber.drain()).await {
         tracing::debug!(%error, "bridge: NATS drain at close");
     }
-    #[allow(deprecated)]
-    let rest = tokio::task::unconstrained(std::future::poll_fn(|cx| {
+    let rest = tokio::task::coop::unconstrained(std::future::poll_fn(|cx| {
         hand_on_ready(&mut subscriber, &deliver, cx)
     }));
     if tokio::time::timeout_at(deadline, rest).await.is_err() {
