@@ -66,7 +66,7 @@ pub(crate) fn deliver_now<T: Send + Sync + 'static>(
                         {
                             // Only a task runner gets a future back; finish
                             // it here.
-                            drop(future);
+                            pending::cancel(future);
                             tally.dropped += 1;
                             tally.finished += 1;
                         }
@@ -75,7 +75,7 @@ pub(crate) fn deliver_now<T: Send + Sync + 'static>(
                 drop(held);
             } else {
                 // The bus closed meanwhile: never polled.
-                drop(started);
+                pending::cancel(started);
                 tally.dropped += 1;
             }
         }

@@ -562,9 +562,13 @@ impl Exceptions {
         env: &Env,
         tally: &mut Tally,
     ) {
+        // Counted once the runner has it: a panic before that (user code
+        // the runner runs, such as a cancelled future's `Drop`) is this
+        // delivery's outcome, counted by the runner's resume as a panic.
+        let away = runner.pending(future, tally);
         self.handed_over += 1;
         self.not_delivered += 1;
-        if runner.pending(future, tally) {
+        if away {
             // A `close` called further up this stack must wait for it now:
             // it may finish before anything here does.
             self.away += 1;

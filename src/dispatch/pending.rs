@@ -23,6 +23,14 @@
 //!   rest of the stack that blocks on it (`quiesce::finishing_in_place`);
 //! - `Drop` / `Error`: the future is cancelled and counted as dropped (in
 //!   `Inline` mode `publish` then returns `Error::Overloaded` under `Error`).
+//!   Its `Drop` is user code: a panic there is caught and logged
+//!   ([`cancel`]).
+//!
+//! A future that a runner finishes itself (a pool worker in place, a lane's
+//! task awaiting it at the cap) holds that runner up: a publish it makes to
+//! the same bus runs its job on this thread instead of queueing it behind
+//! the runner, so a request it makes reaches its responder
+//! ([`holds_runner_here`]).
 //!
 //! A continued delivery stays in flight until its future completes, panics
 //! (caught and counted) or is cancelled by the runtime shutting down
@@ -89,6 +97,40 @@ impl Drop for EnteredForPoll {
     }
 }
 
+#[cfg(not(loom))]
+std::thread_local!(static HOLDING_RUNNER: Cell<usize> = const { Cell::new(0) });
+#[cfg(loom)]
+loom::thread_local!(static HOLDING_RUNNER: Cell<usize> = Cell::new(0));
+
+/// While alive, this thread polls async deliveries that a runner of the
+/// bus `env` waits for before it can go on (a pool worker finishing one in
+/// place, a lane's task awaiting those it took at the task cap). A publish
+/// they make to that bus must not queue its job behind that runner, which
+/// cannot take it before they finish: a request would wait for its own
+/// responder. So [`holds_runner_here`] tells the dispatcher to run the job
+/// on this thread (as `CallerRuns` does), and a pending delivery of that
+/// job continues as a task past the cap (this thread cannot block again).
+struct HoldingRunner(usize);
+
+impl HoldingRunner {
+    fn mark(env: &Env) -> Self {
+        let key = std::ptr::from_ref(env) as usize;
+        Self(HOLDING_RUNNER.with(|held| held.replace(key)))
+    }
+}
+
+impl Drop for HoldingRunner {
+    fn drop(&mut self) {
+        HOLDING_RUNNER.with(|held| held.set(self.0));
+    }
+}
+
+/// Whether this thread is polling async deliveries a runner of `env`'s bus
+/// waits for (see [`HoldingRunner`]).
+pub(crate) fn holds_runner_here(env: &Env) -> bool {
+    HOLDING_RUNNER.with(Cell::get) == std::ptr::from_ref(env) as usize
+}
+
 /// Where a pending delivery surfaced, which decides what `CallerRuns` means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Place {
@@ -132,7 +174,7 @@ pub(crate) fn settle(future: BoxFuture, env: &Arc<Env>, place: Place, tally: &mu
     }
     match env.overflow {
         Overflow::Drop | Overflow::Error => {
-            drop(future);
+            cancel(future);
             tally.dropped += 1;
             tally.finished += 1;
         }
@@ -140,7 +182,9 @@ pub(crate) fn settle(future: BoxFuture, env: &Arc<Env>, place: Place, tally: &mu
         // (see the module docs).
         Overflow::Wait | Overflow::CallerRuns => match Handle::try_current() {
             Ok(current) if place == Place::Publisher => {
-                if current.runtime_flavor() == RuntimeFlavor::MultiThread && !EnteredForPoll::here()
+                if current.runtime_flavor() == RuntimeFlavor::MultiThread
+                    && !EnteredForPoll::here()
+                    && !holds_runner_here(env)
                 {
                     let outcome = tokio::task::block_in_place(|| {
                         finishing_in_place(|| handle.block_on(CatchUnwind(future)))
@@ -151,13 +195,36 @@ pub(crate) fn settle(future: BoxFuture, env: &Arc<Env>, place: Place, tally: &mu
                     return Handed::Away;
                 }
             }
-            _ => record(
-                finishing_in_place(|| handle.block_on(CatchUnwind(future))),
-                tally,
-            ),
+            _ if holds_runner_here(env) => {
+                // Inside a runner's own in-place finishing (a publish its
+                // future made, run here): no second block on this thread.
+                handle.spawn(finish(future, Arc::clone(env), None));
+                return Handed::Away;
+            }
+            _ => {
+                let _holding = (place == Place::Worker).then(|| HoldingRunner::mark(env));
+                record(
+                    finishing_in_place(|| handle.block_on(CatchUnwind(future))),
+                    tally,
+                );
+            }
         },
     }
     Handed::Done
+}
+
+/// Drops an async delivery's future that will not run to its end (the
+/// task cap under `Drop`/`Error`, a bus closed before its first poll). Its
+/// `Drop` is user code: a panic there is caught and logged, and the
+/// delivery is counted as the caller says (dropped), not left uncounted
+/// with its runner unwound.
+pub(crate) fn cancel(future: BoxFuture) {
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(|| drop(future))) {
+        tracing::warn!(
+            panic = crate::panic_message::panic_message(panic.as_ref()),
+            "an async handler's future panicked as it was dropped unfinished; counted as dropped"
+        );
+    }
 }
 
 /// Runs a pending delivery to its end as a task, accounting for it. The
@@ -192,6 +259,8 @@ pub(super) async fn finish_here(futures: Vec<BoxFuture>, env: &Arc<Env>, tally: 
         env: Arc::clone(env),
     };
     std::future::poll_fn(|cx| {
+        // The task runner awaiting these serves nothing else meanwhile.
+        let _holding = HoldingRunner::mark(env);
         let mut done = Tally::default();
         here.pending
             .retain_mut(|future| match Pin::new(future).poll(cx) {
