@@ -209,7 +209,10 @@ pub struct Config {
     ///   block for it, and there it continues as a task past the cap: one
     ///   on a current-thread runtime (the future needs that very thread),
     ///   and a publish made inside an async handler's first poll (which
-    ///   runs in the bus's runtime context, hiding what the thread is).
+    ///   runs in the bus's runtime context, hiding what the thread is). Such
+    ///   tasks count in `live_tasks` and may reach the cap again (twice
+    ///   `max_inflight_tasks` in all); past that, the delivery is cancelled
+    ///   and counted as dropped, so memory stays bounded.
     pub max_inflight_tasks: usize,
     /// How many messages a stream subscription's mailbox holds. When it is full
     /// the oldest message is dropped and counted, so `publish` never waits for a

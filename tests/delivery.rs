@@ -565,6 +565,12 @@ fn async_subscription_without_a_runtime_is_an_error() {
 /// On a single-threaded runtime (the default `#[tokio::test]`), every mode
 /// still delivers exactly once, async handlers that await timers included,
 /// and `close` drains them: the bus must never need a second runtime thread.
+/// But for one case: a publisher on that runtime (which runs the deliveries
+/// in `Inline` mode, and serves its lane when no task can start in
+/// `TaskPerSubscriber`) cannot block for a pending async delivery at the
+/// task cap (the future needs its very thread), so such deliveries continue
+/// as tasks only up to the cap again (memory stays bounded), and the rest
+/// are dropped, counted. Pool workers finish theirs in place.
 #[tokio::test]
 async fn a_current_thread_runtime_is_enough() {
     const M: u32 = 50;
@@ -600,8 +606,23 @@ async fn a_current_thread_runtime_is_enough() {
                 .unwrap_or_else(|_| panic!("{what}: close hung"))
                 .unwrap();
             sync_hits.assert_exactly_once(&format!("{what}: sync handler"));
-            async_hits.assert_exactly_once(&format!("{what}: async handler"));
-            assert_eq!(bus.stats().delivered, 2 * u64::from(M), "{what}");
+            let stats = bus.stats();
+            if mode != DeliveryMode::WorkerPool && task_cap == 1 {
+                assert!(
+                    async_hits.first_mismatch(|_| 1).is_some_and(|(_, got)| got == 0)
+                        && async_hits.total() >= 2,
+                    "{what}: async handler: at most once each, at least twice in all"
+                );
+                assert_eq!(
+                    stats.delivered + stats.dropped,
+                    2 * u64::from(M),
+                    "{what}: every delivery counted: {stats:?}"
+                );
+                assert_eq!(stats.delivered, u64::from(M) + async_hits.total(), "{what}");
+            } else {
+                async_hits.assert_exactly_once(&format!("{what}: async handler"));
+                assert_eq!(stats.delivered, 2 * u64::from(M), "{what}");
+            }
         }
     }
 }

@@ -18,7 +18,8 @@
 //!   on a current-thread runtime cannot block (the future needs that very
 //!   thread), nor can one inside an async handler's first poll (which
 //!   enters the bus's runtime context, so the thread's own runtime cannot
-//!   be told): there the future continues as a task past the cap. A
+//!   be told): there the future continues as a task past the cap, up to
+//!   the cap again, and beyond that is cancelled and counted as dropped. A
 //!   `close` awaited in a future finished in place does not wait for the
 //!   rest of the stack that blocks on it (`quiesce::finishing_in_place`);
 //! - `Drop` / `Error`: the future is cancelled and counted as dropped (in
@@ -191,16 +192,12 @@ pub(crate) fn settle(future: BoxFuture, env: &Arc<Env>, place: Place, tally: &mu
                     });
                     record(outcome, tally);
                 } else {
-                    handle.spawn(finish(future, Arc::clone(env), None));
-                    return Handed::Away;
+                    return past_the_cap(future, env, handle, tally);
                 }
             }
-            _ if holds_runner_here(env) => {
-                // Inside a runner's own in-place finishing (a publish its
-                // future made, run here): no second block on this thread.
-                handle.spawn(finish(future, Arc::clone(env), None));
-                return Handed::Away;
-            }
+            // Inside a runner's own in-place finishing (a publish its
+            // future made, run here): no second block on this thread.
+            _ if holds_runner_here(env) => return past_the_cap(future, env, handle, tally),
             _ => {
                 let _holding = (place == Place::Worker).then(|| HoldingRunner::mark(env));
                 record(
@@ -211,6 +208,27 @@ pub(crate) fn settle(future: BoxFuture, env: &Arc<Env>, place: Place, tally: &mu
         },
     }
     Handed::Done
+}
+
+/// A pending delivery whose publisher can neither block for it nor leave
+/// it to a runner: a task past the cap while there is room for one (up to
+/// the cap again: [`TaskPermit::acquire_past_cap`]), else cancelled and
+/// counted as dropped, so a publisher that never blocks (a current-thread
+/// runtime's, a pipeline of async handlers publishing from their first
+/// poll) cannot pile up tasks without bound.
+fn past_the_cap(future: BoxFuture, env: &Arc<Env>, handle: &Handle, tally: &mut Tally) -> Handed {
+    match TaskPermit::acquire_past_cap(env) {
+        Some(permit) => {
+            handle.spawn(finish(future, Arc::clone(env), Some(permit)));
+            Handed::Away
+        }
+        None => {
+            cancel(future);
+            tally.dropped += 1;
+            tally.finished += 1;
+            Handed::Done
+        }
+    }
 }
 
 /// Drops an async delivery's future that will not run to its end (the

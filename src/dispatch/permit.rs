@@ -1,7 +1,10 @@
 //! Task slots: every task a bus spawns (a task runner, or an async delivery
 //! continued after its first poll) holds a [`TaskPermit`], and at most
 //! `max_inflight_tasks` are out at once. Taking one never waits: with none
-//! left, the caller applies the overflow policy.
+//! left, the caller applies the overflow policy. Two kinds of publisher can
+//! neither wait nor block for one (see `pending.rs`); their deliveries take
+//! slots past the cap, up to the cap again, and beyond that are dropped
+//! and counted.
 
 use std::sync::Arc;
 
@@ -40,10 +43,22 @@ impl TaskPermit {
 
 impl TaskPermit {
     pub(crate) fn acquire(env: &Arc<Env>) -> Option<Self> {
+        Self::acquire_below(env, env.tasks.cap)
+    }
+
+    /// A slot past the cap, for a pending delivery whose publisher can
+    /// neither block for it nor leave it to a runner (see `pending.rs`): up
+    /// to the cap again, so at most twice `max_inflight_tasks` tasks are
+    /// alive, all counted in `live_tasks`; `None` beyond.
+    pub(crate) fn acquire_past_cap(env: &Arc<Env>) -> Option<Self> {
+        Self::acquire_below(env, env.tasks.cap.saturating_mul(2))
+    }
+
+    fn acquire_below(env: &Arc<Env>, limit: usize) -> Option<Self> {
         let gauge = &env.tasks;
         let mut live = gauge.live.load(Ordering::Relaxed);
         loop {
-            if live >= gauge.cap {
+            if live >= limit {
                 return None;
             }
             match gauge.live.compare_exchange_weak(
