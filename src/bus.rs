@@ -892,8 +892,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
 
     /// Delivers `message` to the handlers of `set` as a job of its own (a
     /// message a shared group's leaving stream member handed to a handler
-    /// member): admitted and run as a publish's deliveries are. On a bus
-    /// already closing it is counted dropped, and `false` returned.
+    /// member): admitted and run as a publish's deliveries are. `false` if
+    /// it was dropped (counted) instead: on a bus already closing, or by
+    /// the overflow policy as it was handed to a runner.
     pub(crate) fn dispatch_to(&self, message: Arc<Message<T>>, set: Arc<HandlerSet<T>>) -> bool {
         let inner = &*self.inner;
         let Ok(mut admitted) = inner.env.counters.begin_publish() else {
@@ -901,11 +902,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
             return false;
         };
         let sets: HandlerSets<T> = std::iter::once(set).collect();
-        if let Some(job) = Fanout::new(message, sets, Positions::new(), &inner.policy) {
-            admitted.accept(job.total());
-            inner.dispatcher.dispatch(job, &inner.env);
-        }
-        true
+        let Some(job) = Fanout::new(message, sets, Positions::new(), &inner.policy) else {
+            return true;
+        };
+        admitted.accept(job.total());
+        inner.dispatcher.dispatch(job, &inner.env) == 0
     }
 
     /// Whether a publish to `topic` would reach anyone now: skip building an

@@ -439,8 +439,9 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
     /// job of its own, as a publish's delivery would be, so the thread
     /// passing it on (one dropping a `Receiver`, or a publisher) runs the
     /// handler only where a publisher would: in `Inline` mode, or under
-    /// `CallerRuns` with no room. On a bus already gone or closing it is
-    /// counted dropped, and `false` returned.
+    /// `CallerRuns` with no room. `false` if it was dropped (counted)
+    /// instead: the bus is gone or closing, or the overflow policy dropped
+    /// it; the caller then takes the pick off the member's load.
     fn hand_to_handler(
         &self,
         set: Arc<HandlerSet<T>>,

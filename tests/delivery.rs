@@ -609,7 +609,9 @@ async fn a_current_thread_runtime_is_enough() {
             let stats = bus.stats();
             if mode != DeliveryMode::WorkerPool && task_cap == 1 {
                 assert!(
-                    async_hits.first_mismatch(|_| 1).is_some_and(|(_, got)| got == 0)
+                    async_hits
+                        .first_mismatch(|_| 1)
+                        .is_some_and(|(_, got)| got == 0)
                         && async_hits.total() >= 2,
                     "{what}: async handler: at most once each, at least twice in all"
                 );

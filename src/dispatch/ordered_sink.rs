@@ -160,6 +160,10 @@ where
     /// what live deliveries left to it meanwhile (the log from where it
     /// attached). Returns what it ran, for the caller to count.
     pub(crate) fn run_snapshot(&self, snapshot: &[Arc<Message<T>>]) -> Outcome {
+        // A runner of its own, as any call needs; and so the catch-up that
+        // follows renews only this presence, never one of the caller's (a
+        // handler subscribing: a wait for it must outlast its call).
+        let _presence = self.quiescence.get().map(|quiescence| quiescence.enter());
         let mut tally = Outcome::default();
         for message in snapshot {
             tally.add(self.call(message));

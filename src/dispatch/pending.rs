@@ -51,7 +51,7 @@ use super::permit::TaskPermit;
 use super::{report_panic, Env};
 use crate::config::Overflow;
 use crate::registry::entry::BoxFuture;
-use crate::registry::quiesce::finishing_in_place;
+use crate::registry::quiesce::{finishing_in_place, finishing_in_place_here};
 use crate::stats::Tally;
 
 /// Polls a just-started async delivery once. `Some` if it is not finished.
@@ -109,8 +109,10 @@ loom::thread_local!(static HOLDING_RUNNER: Cell<usize> = Cell::new(0));
 /// they make to that bus must not queue its job behind that runner, which
 /// cannot take it before they finish: a request would wait for its own
 /// responder. So [`holds_runner_here`] tells the dispatcher to run the job
-/// on this thread (as `CallerRuns` does), and a pending delivery of that
-/// job continues as a task past the cap (this thread cannot block again).
+/// on this thread (as `CallerRuns` does), with the mark cleared meanwhile
+/// ([`run_unmarked`]); a pending delivery of that job, on a thread already
+/// blocked in place, continues as a task past the cap (a `block_on` does
+/// not nest).
 struct HoldingRunner(usize);
 
 impl HoldingRunner {
@@ -124,6 +126,16 @@ impl Drop for HoldingRunner {
     fn drop(&mut self) {
         HOLDING_RUNNER.with(|held| held.set(self.0));
     }
+}
+
+/// Runs `job` (a publish's job that [`holds_runner_here`] sent to this
+/// thread) with the mark cleared: the handlers it runs are not the futures
+/// the runner waits for, and their own publishes queue as usual (were they
+/// run here too, a relay of handlers would nest on this stack without
+/// bound).
+pub(crate) fn run_unmarked<R>(job: impl FnOnce() -> R) -> R {
+    let _outer = HoldingRunner(HOLDING_RUNNER.with(|held| held.replace(0)));
+    job()
 }
 
 /// Whether this thread is polling async deliveries a runner of `env`'s bus
@@ -185,7 +197,7 @@ pub(crate) fn settle(future: BoxFuture, env: &Arc<Env>, place: Place, tally: &mu
             Ok(current) if place == Place::Publisher => {
                 if current.runtime_flavor() == RuntimeFlavor::MultiThread
                     && !EnteredForPoll::here()
-                    && !holds_runner_here(env)
+                    && !finishing_in_place_here()
                 {
                     let outcome = tokio::task::block_in_place(|| {
                         finishing_in_place(|| handle.block_on(CatchUnwind(future)))
@@ -195,9 +207,9 @@ pub(crate) fn settle(future: BoxFuture, env: &Arc<Env>, place: Place, tally: &mu
                     return past_the_cap(future, env, handle, tally);
                 }
             }
-            // Inside a runner's own in-place finishing (a publish its
-            // future made, run here): no second block on this thread.
-            _ if holds_runner_here(env) => return past_the_cap(future, env, handle, tally),
+            // Inside an in-place finishing already (a publish its future
+            // made, run here): no second block on this thread.
+            _ if finishing_in_place_here() => return past_the_cap(future, env, handle, tally),
             _ => {
                 let _holding = (place == Place::Worker).then(|| HoldingRunner::mark(env));
                 record(

@@ -121,6 +121,17 @@ impl<T: Send + Sync + 'static> Tasks<T> {
     /// room.
     pub(crate) fn dispatch(&self, job: Arc<Fanout<T>>, env: &Arc<Env>) -> usize {
         let plan = job.plan();
+        if pending::holds_runner_here(env) {
+            // Made by an async delivery a lane's task awaits at the task
+            // cap: the lane would hold the job until that delivery ends. As
+            // many runs as runners (`Batch::Single` claims a unit each).
+            pending::run_unmarked(|| {
+                for _ in 0..plan.runners {
+                    caller_runs(&job, &mut TaskModeRunner::new(env, Place::Publisher), env);
+                }
+            });
+            return 0;
+        }
         if plan.single_claim && plan.runners > 1 {
             return self.spawn_units(&job, env);
         }
@@ -129,12 +140,6 @@ impl<T: Send + Sync + 'static> Tasks<T> {
 
     /// Queues `job` in its lane; see the module docs for a full lane.
     fn queue(&self, job: Arc<Fanout<T>>, env: &Arc<Env>) -> usize {
-        if pending::holds_runner_here(env) {
-            // Made by an async delivery a lane's task awaits at the task
-            // cap: the lane would hold the job until that delivery ends.
-            caller_runs(&job, &mut TaskModeRunner::new(env, Place::Publisher), env);
-            return 0;
-        }
         let lane = &self.lanes[job.home() % self.lanes.len()];
         let helpable = job.plan().max_runners > 1;
         loop {

@@ -256,6 +256,13 @@ pub(crate) fn finishing_in_place<R>(finish: impl FnOnce() -> R) -> R {
     finish()
 }
 
+/// Whether this thread is inside [`finishing_in_place`], blocked on a
+/// pending delivery's future (of any bus): it cannot block on another (a
+/// runtime's `block_on` does not nest).
+pub(crate) fn finishing_in_place_here() -> bool {
+    IN_PLACE.with(Cell::get) > 0
+}
+
 /// In-flight deliveries of `quiescence`'s bus held by the call stack of
 /// this thread: what a `close` called from inside a handler must not wait
 /// for.

@@ -125,13 +125,18 @@ impl<T: Send + Sync + 'static> Pool<T> {
 
     /// Queues the job's runners; see the module docs for a full queue.
     pub(crate) fn dispatch(&self, job: Arc<Fanout<T>>, env: &Arc<Env>) -> usize {
+        let plan = job.plan();
         if pending::holds_runner_here(env) {
             // Made by an async delivery this worker finishes in place: its
-            // queue would hold the job until that delivery ends.
-            caller_runs(&job, &mut self.publisher_runner(&job, env), env);
+            // queue would hold the job until that delivery ends. As many
+            // runs as runners (`Batch::Single` claims a unit each).
+            pending::run_unmarked(|| {
+                for _ in 0..plan.runners {
+                    caller_runs(&job, &mut self.publisher_runner(&job, env), env);
+                }
+            });
             return 0;
         }
-        let plan = job.plan();
         let workers = self.shared.queues.len();
         // `Batch::Single` below the threshold: a unit per subscription,
         // spread over the workers. Everything else runs at the route's home.
