@@ -263,7 +263,22 @@ struct Churned {
     after_unsubscribe: Mutex<[u32; PUBLISHERS]>,
 }
 
+/// [`publish_while_churning_once`] until a churned subscription got a
+/// message (the run is a test of churn only then), at most three times: on
+/// a loaded machine a pool's workers may lag every short-lived
+/// subscription's life (a CI run saw none of 26,185 get one).
 async fn publish_while_churning(mode: DeliveryMode) {
+    for _ in 0..3 {
+        if publish_while_churning_once(mode).await {
+            return;
+        }
+    }
+    panic!("{mode:?}: in three runs the churn never overlapped the publishing");
+}
+
+/// Publishes while other threads subscribe and unsubscribe, checking every
+/// delivery; whether any churned subscription got a message.
+async fn publish_while_churning_once(mode: DeliveryMode) -> bool {
     let bus = Bus::<u32>::builder()
         .delivery(mode)
         .workers(2)
@@ -436,11 +451,7 @@ async fn publish_while_churning(mode: DeliveryMode) {
             );
         }
     }
-    assert!(
-        !records.is_empty() && churn_deliveries > 0,
-        "{mode:?}: the churn never overlapped the publishing ({} churned subscriptions)",
-        records.len()
-    );
+    let overlapped = !records.is_empty() && churn_deliveries > 0;
 
     let stats = bus.stats();
     assert_eq!(bus.inflight_messages(), 0, "{mode:?}");
@@ -455,6 +466,7 @@ async fn publish_while_churning(mode: DeliveryMode) {
         u64::from(PER_PUBLISHER) * PUBLISHERS as u64
     );
     drop(stable);
+    overlapped
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
