@@ -60,9 +60,11 @@ async fn main() -> Result<(), blazesub::Error> {
             tokio::time::sleep(Duration::from_micros(1_500)).await;
         }
     }
-    drop(batch_worker);
-    drop(workers); // (after close, below, nothing more would arrive anyway)
+    // Close first: every queued job has run (a member dropped before would
+    // have its queue handed to the others, or counted dropped with none left).
     bus.close().await?;
+    drop(batch_worker);
+    drop(workers);
 
     for (i, counter) in done.iter().enumerate() {
         let kind = if i == 0 { "slow" } else { "fast" };

@@ -613,7 +613,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// Publishes `data` to `topic`, first waiting until every lossless
     /// ([`StreamOverflow::Backpressure`]) mailbox it reaches has room, then
     /// delivering to every subscriber at once. Without lossless subscribers
-    /// it is [`Self::publish`].
+    /// it is [`Self::publish`]. It awaits only for lossless mailboxes: under
+    /// `Overflow::Wait`, a full worker-pool queue (or task lane) still
+    /// blocks the calling thread, as `publish` does.
     ///
     /// Cancel-safe: dropped before it completes, it has delivered nothing
     /// and holds no reserved room. Waiting publishers are served in order.

@@ -80,7 +80,7 @@ pub enum Error {
     /// mailbox among its targets full, and so reached no subscriber at all.
     /// Retry later, or use [`Bus::publish_async`](crate::Bus::publish_async),
     /// which waits for room.
-    #[error("publishing to {topic:?} reached no one: a lossless stream subscription's mailbox ({capacity} messages) is full")]
+    #[error("publishing to {topic:?} reached no one: a lossless stream subscription's mailbox ({capacity} messages) is full; retry, or use publish_async to wait for room")]
     Full {
         /// The topic published to.
         topic: String,

@@ -385,9 +385,14 @@ fn lag_errors_say_what_happened() {
         TryRecvLaggedError::Lagged(6).to_string(),
         RecvError::Lagged(6).to_string()
     );
+    // `try_recv` cannot tell a closed bus from a disconnected stream.
+    assert_eq!(
+        TryRecvError::Closed.to_string(),
+        "nothing more will come: the bus is closed, or this stream was disconnected (try_recv_lagged tells which)"
+    );
     assert_eq!(
         TryRecvLaggedError::Closed.to_string(),
-        TryRecvError::Closed.to_string()
+        RecvError::Closed.to_string()
     );
     assert_eq!(
         TryRecvLaggedError::Empty.to_string(),

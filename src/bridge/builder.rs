@@ -203,9 +203,13 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
     /// [`Error::Closed`] if the bus is closed, and [`Error::Bridge`] if the
     /// client refuses the URL.
     ///
-    /// Cancel-safe: its only wait is for the connection, before anything
-    /// starts; dropped before it returns, it has started no task and
-    /// watches nothing on the bus (the client it made is dropped with it).
+    /// With MQTT it returns once the client is set up, connected or not;
+    /// with NATS the client connects in the background, so `start` returns
+    /// before the connection is up: poll [`Bridge::stats`]`().connected`
+    /// if you need to know (exports published meanwhile wait in the
+    /// outgoing buffer). Cancel-safe: dropped before it returns, it has
+    /// started no task and watches nothing on the bus (the client it made
+    /// is dropped with it).
     pub async fn start(self) -> Result<Bridge, Error> {
         for filter in self.exports.iter().chain(&self.imports) {
             validate_filter(filter)?;

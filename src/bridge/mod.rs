@@ -127,6 +127,7 @@ use transport::Transport;
 
 /// A running bridge between a bus and an engine. Closing it (or dropping
 /// it) stops both directions; the bus carries on locally.
+#[must_use = "dropping a Bridge stops it; keep it, and call .close().await to stop it"]
 pub struct Bridge {
     stats: Arc<Counters>,
     transport: Arc<dyn Transport>,

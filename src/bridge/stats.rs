@@ -4,8 +4,12 @@ use crate::sync::{AtomicU64, Ordering};
 
 /// A snapshot of a bridge's counters ([`Bridge::stats`](super::Bridge::stats)).
 ///
-/// Every message the bridge accepted and did not deliver is in `dropped`:
-/// the bridge is at-most-once, as core NATS is, but never loses silently.
+/// Every loss the bridge can see is in `dropped` (`docs/bridge.md`, "What
+/// cannot be counted", names the ones it cannot: what a connection had
+/// written the instant it broke, and with NATS what the server sent after
+/// `close` unsubscribed). Delivery is at most once by default, as core
+/// NATS is; at least once over MQTT with
+/// [`BridgeBuilder::at_least_once`](super::BridgeBuilder::at_least_once).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BridgeStats {

@@ -62,7 +62,9 @@ pub enum TryRecvError {
     /// Nothing is waiting and nothing will come: the bus is closed or gone,
     /// or a `Disconnect` mailbox overflowed ([`Receiver::try_recv_lagged`]
     /// tells the two apart).
-    #[error("the bus is closed and this receiver has taken every message")]
+    #[error(
+        "nothing more will come: the bus is closed, or this stream was disconnected (try_recv_lagged tells which)"
+    )]
     Closed,
 }
 
@@ -142,6 +144,7 @@ impl From<RecvError> for TryRecvLaggedError {
 /// assert_eq!(orders.lost(), 0);
 /// # Ok(()) }
 /// ```
+#[must_use = "dropping a Receiver unsubscribes it at once"]
 pub struct Receiver<T> {
     entry: StreamEntry<T>,
     counters: Arc<Counters>,
