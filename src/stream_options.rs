@@ -1,7 +1,7 @@
 //! [`StreamOptions`]: a stream subscription's mailbox size and what happens
 //! when it is full ([`StreamOverflow`]), chosen per subscription.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// What a stream subscription's mailbox does when a message arrives and it
 /// is full. Every policy counts what it loses, in [`Receiver::lost`](crate::Receiver::lost)
@@ -15,17 +15,34 @@ use serde::Deserialize;
 /// disconnected by the first that does not fit; `Backpressure` has no
 /// publisher to hold back at subscribe time, so it keeps the newest and
 /// counts the rest as lost, like `DropOldest`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+///
+/// In a configuration file it is spelled as `Config`'s enums are
+/// (`"drop_oldest"`, `"drop_newest"`, `"backpressure"`, `"disconnect"`);
+/// the variant names are accepted too.
+///
+/// ```
+/// use blazesub::StreamOverflow;
+///
+/// let policy: StreamOverflow = serde_json::from_str(r#""drop_newest""#).unwrap();
+/// assert_eq!(policy, StreamOverflow::DropNewest);
+/// let same: StreamOverflow = serde_json::from_str(r#""DropNewest""#).unwrap();
+/// assert_eq!(same, policy);
+/// assert_eq!(serde_json::to_string(&policy).unwrap(), r#""drop_newest""#);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum StreamOverflow {
     /// The oldest queued message makes room for the new one (the default):
     /// a reader that falls behind sees the newest messages, and
     /// `recv_lagged` reports `Lagged(n)` before the first one after the gap.
     #[default]
+    #[serde(alias = "DropOldest")]
     DropOldest,
     /// The new message is dropped; the queued ones stay. `recv_lagged`
     /// reports `Lagged(n)` at its next call: the lost messages were newer
     /// than those still queued, so the report comes before the gap, not at
     /// it.
+    #[serde(alias = "DropNewest")]
     DropNewest,
     /// Lossless: publishers are held back instead (a retained snapshot that
     /// does not fit is the exception: see above). `publish` returns
@@ -37,6 +54,7 @@ pub enum StreamOverflow {
     /// room meanwhile in a mailbox that had some): the price of losing
     /// nothing. `close` ends
     /// every such wait with `Error::Closed`.
+    #[serde(alias = "Backpressure")]
     Backpressure,
     /// NATS's slow-consumer rule: the first message that does not fit
     /// closes the mailbox (that message is counted as lost, and reported by
@@ -46,6 +64,7 @@ pub enum StreamOverflow {
     /// returns [`RecvError::Disconnected`](crate::RecvError::Disconnected)
     /// (`recv` returns `None`). Publishes skip a disconnected mailbox from
     /// then on; drop the receiver to unsubscribe it.
+    #[serde(alias = "Disconnect")]
     Disconnect,
 }
 

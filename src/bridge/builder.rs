@@ -81,7 +81,8 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
 
     /// The NATS server(s) to join: a URL, or several separated by commas
     /// (members of one cluster; the client also learns the others from the
-    /// server). Feature `nats`.
+    /// server). A bridge joins one engine: this replaces an engine set
+    /// earlier (`mqtt`). Feature `nats`.
     #[cfg(feature = "nats")]
     pub fn nats(mut self, url: impl Into<String>) -> Self {
         self.engine = Some(Engine::Nats(url.into()));
@@ -89,7 +90,8 @@ impl<T: Send + Sync + 'static> BridgeBuilder<T> {
     }
 
     /// The MQTT 5 broker to join: `mqtt://host:port` (port 1883 if left
-    /// out). Feature `mqtt`.
+    /// out). A bridge joins one engine: this replaces an engine set earlier
+    /// (`nats`). Feature `mqtt`.
     #[cfg(feature = "mqtt")]
     pub fn mqtt(mut self, url: impl Into<String>) -> Self {
         self.engine = Some(Engine::Mqtt(url.into()));
