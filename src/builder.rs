@@ -31,6 +31,25 @@ pub struct BusBuilder<T> {
     value: PhantomData<fn() -> T>,
 }
 
+impl<T> Clone for BusBuilder<T> {
+    fn clone(&self) -> Self {
+        Self {
+            config: self.config.clone(),
+            runtime: self.runtime.clone(),
+            value: PhantomData,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for BusBuilder<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BusBuilder")
+            .field("config", &self.config)
+            .field("runtime", &self.runtime.is_some())
+            .finish()
+    }
+}
+
 impl<T: Send + Sync + 'static> Bus<T> {
     /// A builder starting from `Config::default()`.
     pub fn builder() -> BusBuilder<T> {

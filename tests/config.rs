@@ -757,3 +757,18 @@ fn config_is_clone_eq_debug_send_sync() {
     let text = format!("{a:?}");
     assert!(text.contains("close_timeout"), "{text}");
 }
+
+/// A builder can be kept as a template: cloned, and printed with its
+/// configuration.
+#[test]
+fn a_bus_builder_clones_and_prints() {
+    let template = blazesub::Bus::<u32>::builder()
+        .workers(3)
+        .stream_capacity(64);
+    let printed = format!("{template:?}");
+    assert!(printed.contains("workers: 3"), "{printed}");
+    let one = template.clone().build().unwrap();
+    let two = template.build().unwrap();
+    assert_eq!(one.config(), two.config());
+    assert_eq!(one.config().stream_capacity, 64);
+}

@@ -55,6 +55,40 @@ pub struct BridgeBuilder<T> {
     pub(crate) at_least_once: Option<Duration>,
 }
 
+impl<T> Clone for BridgeBuilder<T> {
+    fn clone(&self) -> Self {
+        Self {
+            bus: self.bus.clone(),
+            engine: self.engine.clone(),
+            exports: self.exports.clone(),
+            imports: self.imports.clone(),
+            codec: Arc::clone(&self.codec),
+            name: self.name.clone(),
+            export_buffer: self.export_buffer,
+            outgoing_buffer: self.outgoing_buffer,
+            import_buffer: self.import_buffer,
+            backoff: self.backoff,
+            at_least_once: self.at_least_once,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for BridgeBuilder<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BridgeBuilder")
+            .field("engine", &self.engine)
+            .field("exports", &self.exports)
+            .field("imports", &self.imports)
+            .field("name", &self.name)
+            .field("export_buffer", &self.export_buffer)
+            .field("outgoing_buffer", &self.outgoing_buffer)
+            .field("import_buffer", &self.import_buffer)
+            .field("backoff", &self.backoff)
+            .field("at_least_once", &self.at_least_once)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<T: Send + Sync + 'static> BridgeBuilder<T> {
     pub(crate) fn new(bus: &Bus<T>) -> Self
     where
