@@ -50,8 +50,11 @@ pub struct Stats {
     pub delivered: u64,
     /// Deliveries lost to a policy: refused under `Overflow::Drop` or
     /// `Overflow::Error`, pushed out of a full stream mailbox by a newer
-    /// message, arriving at a mailbox already closed, or left unread in a
-    /// mailbox when its `Receiver` was dropped.
+    /// message, arriving at a mailbox already closed, left unread in a
+    /// mailbox when its `Receiver` was dropped, an async delivery past twice
+    /// the task cap from a publisher that cannot block for it (see
+    /// [`Config::max_inflight_tasks`](crate::Config::max_inflight_tasks)),
+    /// or one the runtime dropped as it shut down.
     pub dropped: u64,
     /// Handler calls that panicked. The panic was caught; nobody else noticed.
     pub handler_panics: u64,
@@ -59,7 +62,10 @@ pub struct Stats {
     /// task cap was full: under `Overflow::CallerRuns`, and under the
     /// default `Overflow::Wait` where waiting could deadlock (a publish from
     /// a handler or a pool worker, a closing bus, no free task slot, a
-    /// stalled worker driving an async handler's future).
+    /// stalled worker driving an async handler's future). A unit, not an
+    /// async handler's future: an `Inline` publisher that finishes a
+    /// pending future itself at the task cap ran no unit of another's, and
+    /// is not counted here.
     pub caller_runs: u64,
     /// Deliveries accepted but not yet finished (as
     /// [`Bus::inflight_messages`](crate::Bus::inflight_messages)).
