@@ -288,6 +288,23 @@ pub(crate) fn caller_runs<T: Send + Sync + 'static>(
     env.counters.add(&tally);
 }
 
+/// Runs `job` on this thread for a publish made by an async delivery that
+/// one of the mode's runners waits for ([`pending::holds_runner_here`]):
+/// queued, the job would wait behind that very runner. Once per runner of
+/// its plan (`Batch::Single` claims a unit per run), with `runner` making
+/// each run's runner, and the mark cleared meanwhile.
+pub(crate) fn run_for_held_runner<T: Send + Sync + 'static, R: Runner<T>>(
+    job: &Fanout<T>,
+    env: &Env,
+    mut runner: impl FnMut() -> R,
+) {
+    pending::run_unmarked(|| {
+        for _ in 0..job.plan().runners {
+            caller_runs(job, &mut runner(), env);
+        }
+    });
+}
+
 /// Accounts for a runner the mode could not start under `Overflow::Drop` or
 /// `Overflow::Error`. `others_started` says whether another runner of the job
 /// was started (it will then run every unit this one would have).

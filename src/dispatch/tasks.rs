@@ -70,7 +70,7 @@ use super::lane_watch::LaneWatch;
 use super::pending::{self, Handed, Place};
 use super::permit::TaskPermit;
 use super::pool::STALL;
-use super::{caller_runs, refused, Env, Fanout, Runner};
+use super::{caller_runs, refused, run_for_held_runner, Env, Fanout, Runner};
 use crate::config::Overflow;
 use crate::error::Error;
 use crate::registry::entry::BoxFuture;
@@ -122,14 +122,8 @@ impl<T: Send + Sync + 'static> Tasks<T> {
     pub(crate) fn dispatch(&self, job: Arc<Fanout<T>>, env: &Arc<Env>) -> usize {
         let plan = job.plan();
         if pending::holds_runner_here(env) {
-            // Made by an async delivery a lane's task awaits at the task
-            // cap: the lane would hold the job until that delivery ends. As
-            // many runs as runners (`Batch::Single` claims a unit each).
-            pending::run_unmarked(|| {
-                for _ in 0..plan.runners {
-                    caller_runs(&job, &mut TaskModeRunner::new(env, Place::Publisher), env);
-                }
-            });
+            // Made by an async delivery a lane's task awaits at the task cap.
+            run_for_held_runner(&job, env, || TaskModeRunner::new(env, Place::Publisher));
             return 0;
         }
         if plan.single_claim && plan.runners > 1 {

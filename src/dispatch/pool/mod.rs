@@ -79,7 +79,7 @@ use std::time::Duration;
 
 use self::shared::{Shared, Ticket};
 use super::pending::{self, Handed, Place};
-use super::{caller_runs, refused, Env, Fanout, Runner};
+use super::{caller_runs, refused, run_for_held_runner, Env, Fanout, Runner};
 use crate::config::Overflow;
 use crate::error::Error;
 use crate::registry::entry::BoxFuture;
@@ -127,14 +127,8 @@ impl<T: Send + Sync + 'static> Pool<T> {
     pub(crate) fn dispatch(&self, job: Arc<Fanout<T>>, env: &Arc<Env>) -> usize {
         let plan = job.plan();
         if pending::holds_runner_here(env) {
-            // Made by an async delivery this worker finishes in place: its
-            // queue would hold the job until that delivery ends. As many
-            // runs as runners (`Batch::Single` claims a unit each).
-            pending::run_unmarked(|| {
-                for _ in 0..plan.runners {
-                    caller_runs(&job, &mut self.publisher_runner(&job, env), env);
-                }
-            });
+            // Made by an async delivery this worker finishes in place.
+            run_for_held_runner(&job, env, || self.publisher_runner(&job, env));
             return 0;
         }
         let workers = self.shared.queues.len();
