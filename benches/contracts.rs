@@ -17,7 +17,12 @@
 //! mailbox capacities and subscription counts, and writes the table and
 //! charts of `docs/contracts.md`.
 //!
+//! Each comparison's two setups are built before either is measured (see
+//! [`streams_cases`]); `CONTRACTS_SEQUENCE` shows why ([`sequence_probe`]).
+//!
 //! `cargo bench --bench contracts`; targets and results in `docs/contracts.md`.
+//! With `CONTRACTS_PAIR_ONLY=1`, the lossless target pair alone, three
+//! times, each repetition printed.
 
 mod common;
 
@@ -135,23 +140,28 @@ impl Streams {
     }
 }
 
-fn streams_case(c: &mut Criterion, lossless: bool) {
-    let streams = Streams::new(lossless, if lossless { 64 } else { 1_024 });
-    let name = if lossless {
-        "lossless_publish_async"
-    } else {
-        "drop_oldest_publish"
-    };
+/// Both contracts' setups, built before either is measured: a runtime and
+/// bus built after another one was dropped in the same process ran 15–40%
+/// slower here, for either contract (`CONTRACTS_SEQUENCE`, below), and the
+/// contract measured second would carry that.
+fn streams_cases(c: &mut Criterion) {
+    let drop_oldest = Streams::new(false, 1_024);
+    let lossless = Streams::new(true, 64);
     let mut group = c.benchmark_group("contracts_streams");
-    group.bench_function(name, |b| {
-        b.iter_custom(|iters| {
-            let start = Instant::now();
-            for _ in 0..iters {
-                streams.burst();
-            }
-            start.elapsed() / STREAM_BURST as u32
-        })
-    });
+    for (name, streams) in [
+        ("drop_oldest_publish", &drop_oldest),
+        ("lossless_publish_async", &lossless),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    streams.burst();
+                }
+                start.elapsed() / STREAM_BURST as u32
+            })
+        });
+    }
     group.finish();
 }
 
@@ -220,19 +230,22 @@ impl Handlers {
     }
 }
 
-fn handlers_case(c: &mut Criterion, ordered: bool) {
-    let handlers = Handlers::new(ordered, HANDLERS);
-    let name = if ordered { "ordered" } else { "unordered" };
+/// Both kinds' setups built before either is measured, as for the streams.
+fn handlers_cases(c: &mut Criterion) {
+    let unordered = Handlers::new(false, HANDLERS);
+    let ordered = Handlers::new(true, HANDLERS);
     let mut group = c.benchmark_group("contracts_handlers_1000");
-    group.bench_function(name, |b| {
-        b.iter_custom(|iters| {
-            let start = Instant::now();
-            for _ in 0..iters {
-                handlers.burst();
-            }
-            start.elapsed() / HANDLER_BURST as u32
-        })
-    });
+    for (name, handlers) in [("unordered", &unordered), ("ordered", &ordered)] {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    handlers.burst();
+                }
+                start.elapsed() / HANDLER_BURST as u32
+            })
+        });
+    }
     group.finish();
 }
 
@@ -260,6 +273,9 @@ fn alternating_medians(
     for _ in 0..REPETITIONS {
         times_a.push(time(a));
         times_b.push(time(b));
+    }
+    if std::env::var_os("CONTRACTS_PAIR_ONLY").is_some() {
+        println!("  repetitions: {times_a:.0?} | {times_b:.0?}");
     }
     (median(&mut times_a), median(&mut times_b))
 }
@@ -334,10 +350,8 @@ fn interest_case(c: &mut Criterion) {
 }
 
 fn contracts(c: &mut Criterion) {
-    streams_case(c, false);
-    streams_case(c, true);
-    handlers_case(c, false);
-    handlers_case(c, true);
+    streams_cases(c);
+    handlers_cases(c);
     interest_case(c);
 }
 
@@ -390,7 +404,47 @@ fn service_handlers() -> (f64, f64) {
     (unordered, ordered)
 }
 
+/// `CONTRACTS_SEQUENCE`, e.g. `D,L`: builds the streams setups named in
+/// turn (`D` drop-oldest of 1,024, `L` lossless of 64) and times three
+/// 600 ms stretches of bursts of each, dropping each before the next is
+/// built unless it is suffixed `k` (kept alive to the end). It shows the
+/// order effect the criterion cases avoid: `D,L` against `Dk,L`.
+fn sequence_probe(sequence: &str) {
+    let mut kept = Vec::new();
+    for step in sequence.split(',') {
+        let lossless = step.starts_with('L');
+        let streams = Streams::new(lossless, if lossless { 64 } else { 1_024 });
+        let mut times = Vec::new();
+        for _ in 0..3 {
+            let start = Instant::now();
+            let mut bursts = 0;
+            while start.elapsed() < Duration::from_millis(600) {
+                streams.burst();
+                bursts += 1;
+            }
+            times.push(start.elapsed().as_nanos() as f64 / (bursts * STREAM_BURST) as f64);
+        }
+        print!("{step}: {times:.0?}  ");
+        if step.ends_with('k') {
+            kept.push(streams);
+        }
+    }
+    println!("(ns per publish)");
+}
+
 fn main() {
+    if let Ok(sequence) = std::env::var("CONTRACTS_SEQUENCE") {
+        sequence_probe(&sequence);
+        return;
+    }
+    if std::env::var_os("CONTRACTS_PAIR_ONLY").is_some() {
+        // The lossless target pair alone, three times in one process, each
+        // with its repetitions: how steady it is, no report written.
+        for _ in 0..3 {
+            streams_target_pair();
+        }
+        return;
+    }
     benches();
     Criterion::default().configure_from_args().final_summary();
     if bench_mode() {
