@@ -21,14 +21,16 @@
 //!   decoding it, into the bridge's own bounded queue for the local filter
 //!   (`import.rs`), where what does not fit is dropped and counted exactly,
 //!   as a slow consumer. The reader runs outside tokio's cooperative budget
-//!   and empties the channel each time it runs, so the channel holds what
-//!   the connection task read since the reader last ran. That is bounded
-//!   by the client's reads, not by how far local delivery lags: the reader
-//!   is woken by the first message and runs once the connection task's
-//!   poll ends, and a poll reads at most 128 times its 64 KiB buffer. It
-//!   can still be much: a burst of 400,000 small messages to a node on two
-//!   workers had up to 245,000 in the channel at once, which the old
-//!   channel of 65,536 would have dropped, most uncounted. (The client's
+//!   and moves up to [`MOVES_PER_POLL`] messages each time it runs, then
+//!   lets the worker's other tasks have a turn and runs again, so the
+//!   channel holds about what the connection task read since the reader
+//!   last ran. That is bounded by the client's reads, not by how far local
+//!   delivery lags: the reader is woken by the first message and runs once
+//!   the connection task's poll ends, and a poll reads at most 128 times
+//!   its 64 KiB buffer. It can still be much: a burst of 400,000 small
+//!   messages to a node on two workers had up to 259,536 in the channel at
+//!   once, which the old channel of 65,536 would have dropped, most
+//!   uncounted. (The client's
 //!   slow-consumer events are still counted, should one ever come.)
 //! - **At close** each reader drains its subscription: the client sends
 //!   the server an UNSUB, keeps handing the reader what it reads for the
@@ -206,7 +208,8 @@ impl Drop for NatsUpstream {
 async fn read(mut subscriber: Subscriber, deliver: Deliver, mut close: oneshot::Receiver<()>) {
     // Outside tokio's budget (128 polls a turn, then `Pending`), or the
     // reader would move 128 messages a turn while the connection task adds
-    // tens of thousands, and the channel would grow with the burst.
+    // tens of thousands, and the channel would grow with the burst; its own
+    // limit per poll (`MOVES_PER_POLL`) is what keeps a turn short.
     let closing = tokio::task::coop::unconstrained(std::future::poll_fn(|cx| {
         match Pin::new(&mut close).poll(cx) {
             Poll::Ready(Ok(())) => return Poll::Ready(true),
@@ -214,7 +217,7 @@ async fn read(mut subscriber: Subscriber, deliver: Deliver, mut close: oneshot::
             Poll::Ready(Err(_)) => return Poll::Ready(false),
             Poll::Pending => {}
         }
-        match hand_on_ready(&mut subscriber, &deliver, cx) {
+        match hand_on_ready(&mut subscriber, &deliver, cx, MOVES_PER_POLL) {
             Poll::Ready(()) => Poll::Ready(false),
             Poll::Pending => Poll::Pending,
         }
@@ -232,7 +235,7 @@ async fn read(mut subscriber: Subscriber, deliver: Deliver, mut close: oneshot::
         tracing::debug!(%error, "bridge: NATS drain at close");
     }
     let rest = tokio::task::coop::unconstrained(std::future::poll_fn(|cx| {
-        hand_on_ready(&mut subscriber, &deliver, cx)
+        hand_on_ready(&mut subscriber, &deliver, cx, MOVES_PER_POLL)
     }));
     if tokio::time::timeout_at(deadline, rest).await.is_err() {
         // The client did not end the channel within `CLOSE_WAIT`: it takes
@@ -240,21 +243,43 @@ async fn read(mut subscriber: Subscriber, deliver: Deliver, mut close: oneshot::
         // then either. Hand on what the channel holds now; dropping the
         // subscriber closes it and unsubscribes.
         let mut cx = Context::from_waker(std::task::Waker::noop());
-        let _ = hand_on_ready(&mut subscriber, &deliver, &mut cx);
+        let _ = hand_on_ready(&mut subscriber, &deliver, &mut cx, usize::MAX);
         tracing::warn!("bridge: NATS client unresponsive at close; unsubscribing without it");
     }
 }
 
-/// Hands every message `subscriber` holds now to `deliver`; `Ready` once
-/// the subscription has ended and nothing is left.
-fn hand_on_ready(subscriber: &mut Subscriber, deliver: &Deliver, cx: &mut Context<'_>) -> Poll<()> {
-    loop {
+/// The most messages a reader moves in one poll before it lets the
+/// worker's other tasks run: moving one costs about a quarter of a
+/// microsecond, so our part of a turn ends within a millisecond or two.
+/// Emptying the channel in one poll, as the reader did first, ran for up
+/// to 114 ms in a burst of 400,000 messages while the connection task on
+/// the other worker kept adding to it. (A task beside it still sees gaps
+/// of that order in such a burst: async-nats's connection task reads it in
+/// large polls of its own.)
+const MOVES_PER_POLL: usize = 4_096;
+
+/// Hands what `subscriber` holds now to `deliver`, up to `limit` messages;
+/// `Ready` once the subscription has ended and nothing is left. Past
+/// `limit` it wakes its task again and returns `Pending`, so the task runs
+/// again after the worker's other tasks had their turn.
+fn hand_on_ready<S>(
+    subscriber: &mut S,
+    deliver: &Deliver,
+    cx: &mut Context<'_>,
+    limit: usize,
+) -> Poll<()>
+where
+    S: Stream<Item = async_nats::Message> + Unpin,
+{
+    for _ in 0..limit {
         match Pin::new(&mut *subscriber).poll_next(cx) {
             Poll::Ready(Some(message)) => deliver(Arrival::Nats(message)),
             Poll::Ready(None) => return Poll::Ready(()),
             Poll::Pending => return Poll::Pending,
         }
     }
+    cx.waker().wake_by_ref();
+    Poll::Pending
 }
 
 impl Transport for Nats {
@@ -394,5 +419,93 @@ pub(crate) fn incoming(message: async_nats::Message) -> Incoming {
         payload: message.payload,
         metadata,
         origin,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    use futures_core::Stream;
+
+    use super::{hand_on_ready, Arrival, Deliver, MOVES_PER_POLL};
+
+    /// A subscription the connection task keeps feeding: `left` messages
+    /// ready, then nothing for now.
+    struct Flood {
+        left: usize,
+    }
+
+    impl Stream for Flood {
+        type Item = async_nats::Message;
+
+        fn poll_next(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            if self.left == 0 {
+                return Poll::Pending;
+            }
+            self.left -= 1;
+            Poll::Ready(Some(async_nats::Message {
+                subject: "s".into(),
+                reply: None,
+                payload: Default::default(),
+                headers: None,
+                status: None,
+                description: None,
+                length: 0,
+            }))
+        }
+    }
+
+    struct Wakes(AtomicUsize);
+
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_reader_moves_a_bounded_number_per_poll_and_runs_again() {
+        let moved = Arc::new(AtomicUsize::new(0));
+        let deliver: Deliver = {
+            let moved = Arc::clone(&moved);
+            Arc::new(move |arrival| {
+                assert!(matches!(arrival, Arrival::Nats(_)));
+                moved.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&wakes));
+        let mut cx = Context::from_waker(&waker);
+        let mut flood = Flood { left: 100_000 };
+
+        let first = hand_on_ready(&mut flood, &deliver, &mut cx, MOVES_PER_POLL);
+        assert!(first.is_pending());
+        assert_eq!(
+            moved.load(Ordering::SeqCst),
+            MOVES_PER_POLL,
+            "one poll moved the whole flood"
+        );
+        assert_eq!(
+            wakes.0.load(Ordering::SeqCst),
+            1,
+            "a reader that stopped early must run again"
+        );
+
+        // Polled again until the flood is moved: nothing lost on the way.
+        let mut polls = 1;
+        while flood.left > 0 {
+            let _ = hand_on_ready(&mut flood, &deliver, &mut cx, MOVES_PER_POLL);
+            polls += 1;
+        }
+        assert_eq!(moved.load(Ordering::SeqCst), 100_000);
+        assert_eq!(polls, 100_000usize.div_ceil(MOVES_PER_POLL));
+        // Drained and waiting for more: no wake of its own.
+        let wakes_before = wakes.0.load(Ordering::SeqCst);
+        assert!(hand_on_ready(&mut flood, &deliver, &mut cx, MOVES_PER_POLL).is_pending());
+        assert_eq!(wakes.0.load(Ordering::SeqCst), wakes_before);
     }
 }
