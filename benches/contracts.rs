@@ -18,7 +18,7 @@
 //! charts of `docs/contracts.md`.
 //!
 //! Each comparison's two setups are built before either is measured (see
-//! [`streams_cases`]); `CONTRACTS_SEQUENCE` shows why ([`sequence_probe`]).
+//! [`measure_pair`]); `CONTRACTS_SEQUENCE` shows why ([`sequence_probe`]).
 //!
 //! `cargo bench --bench contracts`; targets and results in `docs/contracts.md`.
 //! With `CONTRACTS_PAIR_ONLY=1`, the lossless target pair alone, three
@@ -140,29 +140,39 @@ impl Streams {
     }
 }
 
-/// Both contracts' setups, built before either is measured: a runtime and
-/// bus built after another one was dropped in the same process ran 15–40%
-/// slower here, for either contract (`CONTRACTS_SEQUENCE`, below), and the
-/// contract measured second would carry that.
-fn streams_cases(c: &mut Criterion) {
-    let drop_oldest = Streams::new(false, 1_024);
-    let lossless = Streams::new(true, 64);
-    let mut group = c.benchmark_group("contracts_streams");
-    for (name, streams) in [
-        ("drop_oldest_publish", &drop_oldest),
-        ("lossless_publish_async", &lossless),
-    ] {
+/// Times each of a pair of setups in `group`, per publish: `burst` runs
+/// one burst of `publishes` publishes. Both setups are built before either
+/// is measured: a runtime and bus built after another one was dropped in
+/// the same process ran 5–60% slower here (`CONTRACTS_SEQUENCE`, below),
+/// and the setup measured second would carry that.
+fn measure_pair(c: &mut Criterion, group: &str, pair: [(&str, &dyn Fn()); 2], publishes: u64) {
+    let mut group = c.benchmark_group(group);
+    for (name, burst) in pair {
         group.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    streams.burst();
+                    burst();
                 }
-                start.elapsed() / STREAM_BURST as u32
+                start.elapsed() / publishes as u32
             })
         });
     }
     group.finish();
+}
+
+fn streams_cases(c: &mut Criterion) {
+    let drop_oldest = Streams::new(false, 1_024);
+    let lossless = Streams::new(true, 64);
+    measure_pair(
+        c,
+        "contracts_streams",
+        [
+            ("drop_oldest_publish", &|| drop_oldest.burst()),
+            ("lossless_publish_async", &|| lossless.burst()),
+        ],
+        STREAM_BURST,
+    );
 }
 
 /// Handler subscriptions of one kind in the default mode, each adding one
@@ -230,23 +240,18 @@ impl Handlers {
     }
 }
 
-/// Both kinds' setups built before either is measured, as for the streams.
 fn handlers_cases(c: &mut Criterion) {
     let unordered = Handlers::new(false, HANDLERS);
     let ordered = Handlers::new(true, HANDLERS);
-    let mut group = c.benchmark_group("contracts_handlers_1000");
-    for (name, handlers) in [("unordered", &unordered), ("ordered", &ordered)] {
-        group.bench_function(name, |b| {
-            b.iter_custom(|iters| {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    handlers.burst();
-                }
-                start.elapsed() / HANDLER_BURST as u32
-            })
-        });
-    }
-    group.finish();
+    measure_pair(
+        c,
+        "contracts_handlers_1000",
+        [
+            ("unordered", &|| unordered.burst()),
+            ("ordered", &|| ordered.burst()),
+        ],
+        HANDLER_BURST,
+    );
 }
 
 /// Median time per publish of two setups' bursts: 5 repetitions of `bursts`
