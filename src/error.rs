@@ -21,7 +21,9 @@ pub enum Error {
     /// [`Bus::close`](crate::Bus::close) gave up waiting for accepted
     /// deliveries. The bus stays closed; the remaining deliveries still finish.
     #[error(
-        "closing the bus timed out after {waited:?} with {inflight} deliveries still in flight"
+        "closing the bus timed out after {waited:?} with {inflight} deliveries still in flight; \
+         the bus stays closed and they still finish, unless a handler never returns \
+         (Stats::inflight counts them)"
     )]
     CloseTimeout {
         /// How long `close` waited.

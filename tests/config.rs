@@ -685,9 +685,17 @@ async fn close_timeout_limits_close() {
     let result = bus.close().await;
     let elapsed = started.elapsed();
     match result {
-        Err(Error::CloseTimeout { waited, inflight }) => {
+        Err(error @ Error::CloseTimeout { waited, inflight }) => {
             assert!(waited >= Duration::from_millis(50), "{waited:?}");
             assert_eq!(inflight, 1);
+            // The message says what happens to them and where to look.
+            let message = error.to_string();
+            assert!(
+                message.contains("1 deliveries still in flight"),
+                "{message}"
+            );
+            assert!(message.contains("still finish"), "{message}");
+            assert!(message.contains("Stats::inflight"), "{message}");
         }
         other => panic!("expected CloseTimeout, got {other:?}"),
     }
