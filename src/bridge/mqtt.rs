@@ -39,7 +39,9 @@
 //!   its length truncated, and the broker close the connection), or one
 //!   with a control character or a Unicode noncharacter (which the bus
 //!   allows and MQTT 5 does not; mosquitto closes the connection). A local
-//!   filter with one is not subscribed upstream (logged), so it cannot keep
+//!   filter with one, or an upstream filter over [`MAX_STRING`] bytes (the
+//!   intersection of a local filter and an import can be longer than
+//!   either), is not subscribed upstream (logged), so it cannot keep
 //!   the connection down by being subscribed again on each ConnAck.
 
 use std::collections::{HashMap, VecDeque};
@@ -730,6 +732,15 @@ impl Transport for Mqtt {
             if !mqtt_can_carry(filter) {
                 return Err(format!(
                     "{filter:?} has a control character or a noncharacter, which MQTT 5 does not carry"
+                ));
+            }
+            // An upstream filter is the intersection of a local filter and
+            // an import (and escaped), so it can be longer than either:
+            // rumqttc would write its length truncated, just the same.
+            if filter.len() > MAX_STRING {
+                return Err(format!(
+                    "a filter of {} bytes is over MQTT's limit of {MAX_STRING}",
+                    filter.len()
                 ));
             }
             let (target, new_id) = {
