@@ -52,22 +52,77 @@ async fn an_upstream_filter_over_mqtts_string_limit_does_not_take_the_bridge_dow
         // `x…x/+` ∩ `+/y…y` is `x…x/y…y`: 80,001 bytes.
         let long_local = format!("{}/+", "x".repeat(40_000));
         let _long = b.subscribe(&long_local, |_| {}).unwrap();
+        // And one there before the bridge connects, when the broker's
+        // limit is not known yet: it may cost that first connection, no
+        // more (it was queued in the client already).
+        let c = inline_bus::<Bytes>();
+        let _early = c.subscribe(&long_local, |_| {}).unwrap();
+        let c_seen = Seen::default();
+        let _ct = c.subscribe("t/#", c_seen.handler()).unwrap();
+        let bc = node(&c, &broker.url(), "c", &[], &["#"], false).await;
         tokio::time::sleep(Duration::from_millis(1_000)).await;
         for i in 0..20 {
             a.publish(&format!("t/{i}"), Bytes::from_static(b"1"))
                 .unwrap();
         }
         let arrived = tokio::time::timeout(Duration::from_secs(5), async {
-            while seen.len() < 20 {
+            while seen.len() < 20 || c_seen.len() < 20 {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
         .await;
-        let (sa, sb) = (ba.stats(), bb.stats());
+        let (sa, sb, sc) = (ba.stats(), bb.stats(), bc.stats());
         assert!(
-            arrived.is_ok() && sb.reconnects == 0,
-            "{} of 20 arrived; a {sa:?}; b {sb:?}",
-            seen.len()
+            arrived.is_ok() && sb.reconnects == 0 && sc.reconnects <= 1,
+            "{} and {} of 20 arrived; a {sa:?}; b {sb:?}; c {sc:?}",
+            seen.len(),
+            c_seen.len()
+        );
+    })
+    .await;
+}
+
+/// A broker whose Maximum Packet Size is smaller than a SUBSCRIBE the
+/// bridge would send for a long local filter: that filter cannot be
+/// subscribed, and must not keep the connection down for the others
+/// (resubscribed on every ConnAck, it would fail each connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribe_over_the_brokers_maximum_packet_size_does_not_take_the_bridge_down() {
+    let broker = Mosquitto::start_with("max_packet_size 1000\n");
+    limit(60, async {
+        let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+        let ba = node(&a, &broker.url(), "a", &["t/#"], &[], false).await;
+        let bb = node(&b, &broker.url(), "b", &[], &["#"], false).await;
+        let seen = Seen::default();
+        let _t = b.subscribe("t/#", seen.handler()).unwrap();
+        subscribed(&bb, 1).await;
+        let long_local = format!("{}/+", "x".repeat(2_000));
+        let _long = b.subscribe(&long_local, |_| {}).unwrap();
+        // And one there before the bridge connects, when the broker's
+        // limit is not known yet: it may cost that first connection, no
+        // more (it was queued in the client already).
+        let c = inline_bus::<Bytes>();
+        let _early = c.subscribe(&long_local, |_| {}).unwrap();
+        let c_seen = Seen::default();
+        let _ct = c.subscribe("t/#", c_seen.handler()).unwrap();
+        let bc = node(&c, &broker.url(), "c", &[], &["#"], false).await;
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        for i in 0..20 {
+            a.publish(&format!("t/{i}"), Bytes::from_static(b"1"))
+                .unwrap();
+        }
+        let arrived = tokio::time::timeout(Duration::from_secs(5), async {
+            while seen.len() < 20 || c_seen.len() < 20 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        let (sa, sb, sc) = (ba.stats(), bb.stats(), bc.stats());
+        assert!(
+            arrived.is_ok() && sb.reconnects == 0 && sc.reconnects <= 1,
+            "{} and {} of 20 arrived; a {sa:?}; b {sb:?}; c {sc:?}",
+            seen.len(),
+            c_seen.len()
         );
     })
     .await;

@@ -41,7 +41,8 @@
 //!   allows and MQTT 5 does not; mosquitto closes the connection). A local
 //!   filter with one, or an upstream filter over [`MAX_STRING`] bytes (the
 //!   intersection of a local filter and an import can be longer than
-//!   either), is not subscribed upstream (logged), so it cannot keep
+//!   either) or whose SUBSCRIBE is over the broker's Maximum Packet Size,
+//!   is not subscribed upstream (logged), so it cannot keep
 //!   the connection down by being subscribed again on each ConnAck.
 
 use std::collections::{HashMap, VecDeque};
@@ -498,12 +499,40 @@ fn feed_retry(
     }
 }
 
+/// The most a SUBSCRIBE for `filter` takes: a fixed header of up to 5
+/// bytes, the packet id (2), the properties' length (up to 4) and the
+/// subscription identifier (up to 5), the filter's length (2) and options
+/// (1).
+fn subscribe_size(filter: &str) -> usize {
+    filter.len() + 19
+}
+
+/// Why the broker cannot take a SUBSCRIBE for `filter` now, if it cannot:
+/// one over its Maximum Packet Size fails the connection (rumqttc or the
+/// broker ends it), and, subscribed again on every ConnAck, every
+/// connection after it.
+fn over_broker_max(shared: &Shared, filter: &str) -> Option<String> {
+    let broker_max = shared.broker_max_packet.load(Ordering::Acquire) as usize;
+    let size = subscribe_size(filter);
+    (broker_max > 0 && size > broker_max).then(|| {
+        format!("its SUBSCRIBE of up to {size} bytes is over the broker's Maximum Packet Size of {broker_max}")
+    })
+}
+
 /// Subscribes again to every filter of the table (the session may be new),
-/// from a task of its own.
+/// from a task of its own; but for those the broker cannot take now (it
+/// says its Maximum Packet Size in each ConnAck), logged.
 fn resubscribe(shared: &Arc<Shared>) {
     let filters: Vec<(String, usize)> = lock(&shared.table)
         .by_filter
         .iter()
+        .filter(|(filter, _)| match over_broker_max(shared, filter) {
+            Some(reason) => {
+                tracing::warn!(%filter, %reason, "bridge: an upstream filter the MQTT broker cannot take; not subscribed");
+                false
+            }
+            None => true,
+        })
         .map(|(filter, entry)| (filter.clone(), entry.id))
         .collect();
     if filters.is_empty() {
@@ -742,6 +771,10 @@ impl Transport for Mqtt {
                     "a filter of {} bytes is over MQTT's limit of {MAX_STRING}",
                     filter.len()
                 ));
+            }
+            // Not known before the first ConnAck: `resubscribe` checks then.
+            if let Some(reason) = over_broker_max(&self.shared, filter) {
+                return Err(reason);
             }
             let (target, new_id) = {
                 let mut table = lock(&self.shared.table);
