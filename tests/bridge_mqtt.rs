@@ -309,6 +309,15 @@ async fn large_payloads_cross_and_oversized_ones_are_refused_not_fatal() {
         .await;
         assert_eq!(seen.sorted_topics(), ["big/100k", "big/after"]);
         assert_eq!(seen.0.lock().unwrap()[0].1.len(), 100_000);
+        // b may have the last one before a's export task counts it sent.
+        until(
+            || {
+                let s = ba.stats();
+                s.sent + s.dropped == 3
+            },
+            || format!("{:?}", ba.stats()),
+        )
+        .await;
         let (sa, sb) = (ba.stats(), bb.stats());
         assert_eq!(
             (sa.sent, sa.dropped),

@@ -38,7 +38,9 @@
 //!   metadata key or value over [`MAX_STRING`] bytes (rumqttc would write
 //!   its length truncated, and the broker close the connection), or one
 //!   with a control character or a Unicode noncharacter (which the bus
-//!   allows and MQTT 5 does not; mosquitto closes the connection). A local
+//!   allows and MQTT 5 does not; mosquitto closes the connection), and a
+//!   topic in the broker's own `$SYS` namespace (brokers drop a client's
+//!   publish there; other `$` topics travel as they are). A local
 //!   filter with one, or an upstream filter over [`MAX_STRING`] bytes (the
 //!   intersection of a local filter and an import can be longer than
 //!   either) or whose SUBSCRIBE is over the broker's Maximum Packet Size,
@@ -499,6 +501,14 @@ fn feed_retry(
     }
 }
 
+/// Whether `topic` is in the broker's own namespace, `$SYS`: brokers
+/// publish their statistics there and drop what a client publishes (at
+/// QoS 0 mosquitto says nothing, so the export would count as sent and
+/// reach nobody). Other topics that start with `$` travel as they are.
+fn broker_owned(topic: &str) -> bool {
+    topic == "$SYS" || topic.starts_with("$SYS/")
+}
+
 /// The most a SUBSCRIBE for `filter` takes: a fixed header of up to 5
 /// bytes, the packet id (2), the properties' length (up to 4) and the
 /// subscription identifier (up to 5), the filter's length (2) and options
@@ -691,6 +701,12 @@ impl Transport for Mqtt {
                     )));
                 }
             }
+            if broker_owned(&message.topic) {
+                return Err(SendError::Refused(format!(
+                    "{:?} is in the broker's own $SYS namespace, where MQTT brokers drop a client's publish",
+                    &*message.topic
+                )));
+            }
             let size = message.payload.len()
                 + message.topic.len()
                 + user_properties
@@ -764,7 +780,7 @@ impl Transport for Mqtt {
                 ));
             }
             // An upstream filter is the intersection of a local filter and
-            // an import (and escaped), so it can be longer than either:
+            // an import, so it can be longer than either:
             // rumqttc would write its length truncated, just the same.
             if filter.len() > MAX_STRING {
                 return Err(format!(
