@@ -165,7 +165,7 @@ impl<T: Send + Sync + 'static> Tasks<T> {
                         return 0;
                     }
                     if (serving == 0 || !lane.wait_for_room(started, STALL))
-                        && !self.serve(lane, lane.capacity() / 2, env)
+                        && !self.serve_before(&job, lane, env)
                         && serving > 0
                     {
                         // Stalled, and nothing queued to take: what fills
@@ -179,6 +179,18 @@ impl<T: Send + Sync + 'static> Tasks<T> {
                 }
             }
         }
+    }
+
+    /// [`Self::serve`] down to half the lane, by a publisher whose own `job`
+    /// waits for room meanwhile. That job's deliveries count as held by this
+    /// thread's stack while it serves: they cannot run before the handlers
+    /// run here return, so a `close` one of them blocks on must not wait for
+    /// them (it would wait until its timeout).
+    fn serve_before(&self, job: &Fanout<T>, lane: &Arc<Lane<T>>, env: &Arc<Env>) -> bool {
+        let own = job.total() as u64;
+        quiesce::hold(&env.quiescence, own);
+        let _unhold = Unhold(&env.quiescence, own);
+        self.serve(lane, lane.capacity() / 2, env)
     }
 
     /// Serves `lane` on this thread while more than `until` publishes are
@@ -291,6 +303,16 @@ impl<T: Send + Sync + 'static> Tasks<T> {
             };
             spawn_runner(&self.handle, Arc::clone(job), permit);
         }
+    }
+}
+
+/// Gives back deliveries counted as held by this thread's stack when
+/// dropped, even by a panic.
+struct Unhold<'a>(&'a quiesce::Quiescence, u64);
+
+impl Drop for Unhold<'_> {
+    fn drop(&mut self) {
+        quiesce::unhold(self.0, self.1);
     }
 }
 

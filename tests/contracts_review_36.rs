@@ -1,0 +1,68 @@
+//! The thirty-sixth session's adversarial review of the delivery
+//! contracts (DESIGN.md §9): combinations the other suites do not reach.
+//! Every wait is under a time limit, so a bug fails instead of hanging.
+
+mod common;
+
+use std::time::Duration;
+
+use blazesub::{Bus, DeliveryMode};
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// A sync handler (plain or ordered) that blocks on `close` in
+/// `TaskPerSubscriber` mode, run by a publisher that serves its full lane
+/// while its own publish waits for room (`Overflow::Wait`, one task slot):
+/// `close` finishes once everything else has drained, without waiting for
+/// that publisher's own publish, which cannot be delivered before the
+/// handler returns. Before, it waited for it until `close_timeout`.
+#[test]
+fn close_from_a_sync_handler_on_a_publisher_serving_its_lane_does_not_wait_for_its_publish() {
+    for ordered in [false, true] {
+        for round in 0..4 {
+            let what = format!("ordered: {ordered}, round {round}");
+            let rt = common::runtime(2);
+            let bus = Bus::<u32>::builder()
+                .delivery(DeliveryMode::TaskPerSubscriber)
+                .workers(2)
+                .max_inflight_tasks(1)
+                .close_timeout(Duration::from_secs(2))
+                .runtime(rt.handle().clone())
+                .build()
+                .unwrap();
+            let (tx, closed) = std::sync::mpsc::channel();
+            let inner = bus.clone();
+            let close_on_3 = move |m: &blazesub::Message<u32>| {
+                if *m.data() == 3 {
+                    let _ = tx.send(common::block_on(inner.close()));
+                }
+            };
+            let _slow = bus
+                .subscribe("t", |_| std::thread::sleep(Duration::from_millis(2)))
+                .unwrap();
+            let _closer = if ordered {
+                bus.subscribe_ordered("t", close_on_3).unwrap()
+            } else {
+                bus.subscribe("t", close_on_3).unwrap()
+            };
+            let publisher = {
+                let bus = bus.clone();
+                std::thread::spawn(move || {
+                    for i in 0..10 {
+                        if bus.publish("t", i).is_err() {
+                            break;
+                        }
+                    }
+                })
+            };
+            let result = closed.recv_timeout(LIMIT).expect("close never returned");
+            assert!(result.is_ok(), "{what}: {result:?}");
+            publisher.join().unwrap();
+            assert!(
+                common::wait_until(LIMIT, || bus.inflight_messages() == 0),
+                "{what}: {:?}",
+                bus.stats()
+            );
+        }
+    }
+}
