@@ -4,9 +4,11 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use blazesub::{Bus, DeliveryMode};
+use blazesub::{Bus, DeliveryMode, Message, Overflow};
 
 const LIMIT: Duration = Duration::from_secs(10);
 
@@ -64,5 +66,66 @@ fn close_from_a_sync_handler_on_a_publisher_serving_its_lane_does_not_wait_for_i
                 bus.stats()
             );
         }
+    }
+}
+
+/// `TaskPerSubscriber` at its task cap under `Overflow::CallerRuns`: the
+/// publisher runs its publish itself, and a sync handler of it (plain or
+/// ordered) blocks on `close` there. `close` finishes once everything else
+/// has drained (here an async delivery holding the only task slot a while),
+/// without waiting for the rest of the publish the handler runs in, which
+/// cannot run before it returns. Before, it waited for that publish's other
+/// delivery until `close_timeout`.
+#[test]
+fn close_from_a_sync_handler_run_by_its_publisher_at_the_task_cap_does_not_wait_for_its_publish() {
+    for ordered in [false, true] {
+        let what = format!("ordered: {ordered}");
+        let rt = common::runtime(2);
+        let bus = Bus::<u32>::builder()
+            .delivery(DeliveryMode::TaskPerSubscriber)
+            .workers(2)
+            .max_inflight_tasks(1)
+            .overflow(Overflow::CallerRuns)
+            .close_timeout(Duration::from_secs(2))
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap();
+        // Holds the only task slot for a while: everything else, for close.
+        let _busy = bus
+            .subscribe_async("busy", |_m| tokio::time::sleep(Duration::from_millis(100)))
+            .unwrap();
+        bus.publish("busy", 0).unwrap();
+        let (tx, closed) = std::sync::mpsc::channel();
+        let inner = bus.clone();
+        let close = move |_: &Message<u32>| {
+            let _ = tx.send(common::block_on(inner.close()));
+        };
+        // Subscribed first, so its delivery comes first in the publish.
+        let _closer = if ordered {
+            bus.subscribe_ordered("t", close).unwrap()
+        } else {
+            bus.subscribe("t", close).unwrap()
+        };
+        let other = Arc::new(AtomicU64::new(0));
+        let _other = {
+            let other = Arc::clone(&other);
+            bus.subscribe("t", move |_| {
+                other.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap()
+        };
+        let publisher = {
+            let bus = bus.clone();
+            std::thread::spawn(move || bus.publish("t", 1))
+        };
+        let result = closed.recv_timeout(LIMIT).expect("close never returned");
+        assert!(result.is_ok(), "{what}: {result:?}");
+        assert_eq!(publisher.join().unwrap().ok(), Some(2), "{what}");
+        assert_eq!(other.load(Ordering::SeqCst), 1, "{what}");
+        assert!(
+            common::wait_until(LIMIT, || bus.inflight_messages() == 0),
+            "{what}: {:?}",
+            bus.stats()
+        );
     }
 }

@@ -97,6 +97,15 @@ pub(crate) trait Runner<T> {
     fn has_idle_capacity(&self) -> bool;
     /// Starts one more runner on `job` if that can be done without waiting.
     fn offer_helper(&mut self, job: &Fanout<T>) -> bool;
+    /// Whether this runner claims all that is left of a job at once: no
+    /// other runner can come for it (a publisher running a job no task
+    /// could take), so a grain would only leave the rest unclaimed, and
+    /// not counted as held by this thread's stack (see
+    /// `quiesce::held_here`), while a handler of the job blocks there: a
+    /// `close` it blocks on would wait for the rest of its own publish.
+    fn claims_rest(&self) -> bool {
+        false
+    }
     /// Takes over an async delivery still running after its first poll. It
     /// must eventually finish it and account for it. True if it now
     /// continues off this thread's stack (as a task of its own), where the
@@ -354,16 +363,17 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         if self.plan.single_claim && p.claimed > 0 {
             return false;
         }
-        let size = if self.plan.max_runners == 1 && !self.plan.single_claim {
-            // Nobody to share with (`Inline`, or one subscription): all of
-            // it at once, and no clock read for a grain.
-            self.total
-        } else if self.plan.unit == 1 && !self.plan.single_claim {
-            // Units of one subscription: a grain of them.
-            p.grain.next(FAST_UNIT)
-        } else {
-            self.plan.unit
-        };
+        let size =
+            if (self.plan.max_runners == 1 || runner.claims_rest()) && !self.plan.single_claim {
+                // Nobody to share with (`Inline`, or one subscription): all of
+                // it at once, and no clock read for a grain.
+                self.total
+            } else if self.plan.unit == 1 && !self.plan.single_claim {
+                // Units of one subscription: a grain of them.
+                p.grain.next(FAST_UNIT)
+            } else {
+                self.plan.unit
+            };
         let start = self.next.fetch_add(size, Ordering::Relaxed);
         if start >= self.total {
             return false;

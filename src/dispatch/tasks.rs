@@ -155,13 +155,13 @@ impl<T: Send + Sync + 'static> Tasks<T> {
             match env.overflow {
                 Overflow::Drop | Overflow::Error => return refused(&job, false, env),
                 Overflow::CallerRuns => {
-                    caller_runs(&job, &mut TaskModeRunner::new(env, Place::Publisher), env);
+                    caller_runs(&job, &mut TaskModeRunner::caller(env), env);
                     return 0;
                 }
                 Overflow::Wait => {
                     // A handler's publish may wait for its own lane.
                     if quiesce::held_by_any_bus_here() || self.closing.load(Ordering::SeqCst) {
-                        caller_runs(&job, &mut TaskModeRunner::new(env, Place::Publisher), env);
+                        caller_runs(&job, &mut TaskModeRunner::caller(env), env);
                         return 0;
                     }
                     if (serving == 0 || !lane.wait_for_room(started, STALL))
@@ -173,7 +173,7 @@ impl<T: Send + Sync + 'static> Tasks<T> {
                         // which may be waiting for this very thread (a
                         // timer of the runtime this publisher is a thread
                         // of). Waiting on could never end.
-                        caller_runs(&job, &mut TaskModeRunner::new(env, Place::Publisher), env);
+                        caller_runs(&job, &mut TaskModeRunner::caller(env), env);
                         return 0;
                     }
                 }
@@ -241,7 +241,7 @@ impl<T: Send + Sync + 'static> Tasks<T> {
         for job in jobs {
             match env.overflow {
                 Overflow::Wait | Overflow::CallerRuns => {
-                    caller_runs(&job, &mut TaskModeRunner::new(env, Place::Publisher), env);
+                    caller_runs(&job, &mut TaskModeRunner::caller(env), env);
                 }
                 Overflow::Drop | Overflow::Error => {
                     let refused = refused(&job, false, env);
@@ -555,6 +555,8 @@ impl<T: Send + Sync + 'static> Drop for RunnerTask<T> {
 struct TaskModeRunner<'a> {
     env: &'a Arc<Env>,
     place: Place,
+    /// Runs a job no task could take (see [`Runner::claims_rest`]).
+    alone: bool,
     /// Pending deliveries a task runner awaits itself (see `pending.rs`).
     awaited: Vec<BoxFuture>,
 }
@@ -564,7 +566,17 @@ impl<'a> TaskModeRunner<'a> {
         Self {
             env,
             place,
+            alone: false,
             awaited: Vec::new(),
+        }
+    }
+
+    /// The publisher's runner for a job it runs because no task could:
+    /// nobody else claims any of it.
+    fn caller(env: &'a Arc<Env>) -> Self {
+        Self {
+            alone: true,
+            ..Self::new(env, Place::Publisher)
         }
     }
 }
@@ -577,6 +589,10 @@ impl<T: Send + Sync + 'static> Runner<T> for TaskModeRunner<'_> {
 
     fn offer_helper(&mut self, _job: &Fanout<T>) -> bool {
         false
+    }
+
+    fn claims_rest(&self) -> bool {
+        self.alone
     }
 
     fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) -> bool {
