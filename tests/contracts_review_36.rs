@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use blazesub::{Bus, DeliveryMode, Message, Overflow};
+use blazesub::{Batch, Bus, DeliveryMode, Message, Overflow};
 
 const LIMIT: Duration = Duration::from_secs(10);
 
@@ -78,14 +78,28 @@ fn close_from_a_sync_handler_on_a_publisher_serving_its_lane_does_not_wait_for_i
 /// delivery until `close_timeout`.
 #[test]
 fn close_from_a_sync_handler_run_by_its_publisher_at_the_task_cap_does_not_wait_for_its_publish() {
+    close_from_a_handler_run_by_its_publisher_at_the_task_cap(Batch::Chunked);
+}
+
+/// The same under `Batch::Single`, where a publish below the threshold
+/// is a unit per subscription: the publisher ran the units no task could
+/// take one after another, each claimed as it began, so `close` waited
+/// for the ones after the handler's.
+#[test]
+fn close_from_a_sync_handler_run_by_its_publisher_at_the_task_cap_under_batch_single() {
+    close_from_a_handler_run_by_its_publisher_at_the_task_cap(Batch::Single);
+}
+
+fn close_from_a_handler_run_by_its_publisher_at_the_task_cap(batch: Batch) {
     for ordered in [false, true] {
-        let what = format!("ordered: {ordered}");
+        let what = format!("{batch:?}, ordered: {ordered}");
         let rt = common::runtime(2);
         let bus = Bus::<u32>::builder()
             .delivery(DeliveryMode::TaskPerSubscriber)
             .workers(2)
             .max_inflight_tasks(1)
             .overflow(Overflow::CallerRuns)
+            .batch(batch)
             .close_timeout(Duration::from_secs(2))
             .runtime(rt.handle().clone())
             .build()

@@ -270,7 +270,8 @@ impl<T: Send + Sync + 'static> Tasks<T> {
     fn spawn_units(&self, job: &Arc<Fanout<T>>, env: &Arc<Env>) -> usize {
         let mut started = false;
         let mut dropped = 0;
-        for _ in 0..job.plan().runners {
+        let runners = job.plan().runners;
+        for runner in 0..runners {
             match TaskPermit::acquire(env) {
                 Some(permit) => {
                     spawn_runner(&self.handle, Arc::clone(job), permit);
@@ -278,10 +279,18 @@ impl<T: Send + Sync + 'static> Tasks<T> {
                 }
                 None => match env.overflow {
                     // A runtime thread that waited for a task slot could be
-                    // the one the tasks need: `Wait` runs here too.
+                    // the one the tasks need: `Wait` runs here too. This
+                    // unit and those after it run here, claimed at once: a
+                    // handler of the first that blocks on `close` must not
+                    // have it wait for the others, which cannot run first.
                     Overflow::Wait | Overflow::CallerRuns => {
-                        let mut runner = TaskModeRunner::new(env, Place::Publisher);
-                        caller_runs(job, &mut runner, env);
+                        let units = runners - runner;
+                        caller_runs(job, &mut TaskModeRunner::caller_of_units(env, units), env);
+                        // `Stats::caller_runs` counts units.
+                        for _ in 1..units {
+                            env.counters.caller_ran();
+                        }
+                        return dropped;
                     }
                     Overflow::Drop | Overflow::Error => dropped += refused(job, started, env),
                 },
@@ -557,6 +566,9 @@ struct TaskModeRunner<'a> {
     place: Place,
     /// Runs a job no task could take (see [`Runner::claims_rest`]).
     alone: bool,
+    /// Units of a single-claim job it claims at once (see
+    /// [`Runner::single_units`]).
+    units: usize,
     /// Pending deliveries a task runner awaits itself (see `pending.rs`).
     awaited: Vec<BoxFuture>,
 }
@@ -567,7 +579,17 @@ impl<'a> TaskModeRunner<'a> {
             env,
             place,
             alone: false,
+            units: 1,
             awaited: Vec::new(),
+        }
+    }
+
+    /// The publisher's runner for `units` units of a single-claim job that
+    /// no task could take.
+    fn caller_of_units(env: &'a Arc<Env>, units: usize) -> Self {
+        Self {
+            units,
+            ..Self::caller(env)
         }
     }
 
@@ -593,6 +615,10 @@ impl<T: Send + Sync + 'static> Runner<T> for TaskModeRunner<'_> {
 
     fn claims_rest(&self) -> bool {
         self.alone
+    }
+
+    fn single_units(&self) -> usize {
+        self.units
     }
 
     fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) -> bool {
