@@ -143,3 +143,84 @@ fn close_from_a_handler_run_by_its_publisher_at_the_task_cap(batch: Batch) {
         );
     }
 }
+
+/// A publisher that finds its `TaskPerSubscriber` lane full, with the
+/// lane's task not running yet (here it never will: the bus's runtime is
+/// a current-thread one nobody drives), serves the lane itself; a sync
+/// handler of the publish it takes (plain or ordered), subscribed first,
+/// blocks on `close`. `close` finishes without waiting for the rest of
+/// that publish, which cannot run before the handler returns. Before, the
+/// publisher claimed the publish's deliveries a few at a time, so the
+/// rest was not counted as its own, and `close` waited for it until
+/// `close_timeout`.
+#[test]
+fn close_from_a_sync_handler_on_a_publisher_serving_its_lane_does_not_wait_for_the_rest_of_the_publish(
+) {
+    for ordered in [false, true] {
+        // Lanes of one publish.
+        serve_a_lane_whose_handler_closes(2, 1, ordered);
+    }
+}
+
+fn serve_a_lane_whose_handler_closes(tasks: usize, lane: u32, ordered: bool) {
+    {
+        let what = format!("lane of {lane}, ordered: {ordered}");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let bus = Bus::<u32>::builder()
+            .delivery(DeliveryMode::TaskPerSubscriber)
+            .workers(2)
+            .max_inflight_tasks(tasks)
+            .close_timeout(Duration::from_secs(2))
+            .runtime(rt.handle().clone())
+            .build()
+            .unwrap();
+        let (tx, closed) = std::sync::mpsc::channel();
+        let inner = bus.clone();
+        let close = move |m: &Message<u32>| {
+            if *m.data() == 0 {
+                let _ = tx.send(common::block_on(inner.close()));
+            }
+        };
+        let _closer = if ordered {
+            bus.subscribe_ordered("t", close).unwrap()
+        } else {
+            bus.subscribe("t", close).unwrap()
+        };
+        let other = Arc::new(AtomicU64::new(0));
+        let _other = {
+            let other = Arc::clone(&other);
+            bus.subscribe("t", move |_| {
+                other.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap()
+        };
+        let publisher = {
+            let bus = bus.clone();
+            // The last one finds the lane full.
+            std::thread::spawn(move || {
+                (0..=lane)
+                    .map(|i| bus.publish("t", i).ok())
+                    .collect::<Vec<_>>()
+            })
+        };
+        let result = closed.recv_timeout(LIMIT).expect("close never returned");
+        assert!(result.is_ok(), "{what}: {result:?}");
+        let reached = publisher.join().unwrap();
+        assert!(reached.iter().all(|r| *r == Some(2)), "{what}: {reached:?}");
+        // The last publish waits in its lane for the lane's task: the
+        // runtime runs it now.
+        let drained = rt.block_on(async {
+            tokio::time::timeout(LIMIT, async {
+                while bus.inflight_messages() > 0 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+            .await
+        });
+        assert!(drained.is_ok(), "{what}: {:?}", bus.stats());
+        assert_eq!(other.load(Ordering::SeqCst), u64::from(lane) + 1, "{what}");
+    }
+}

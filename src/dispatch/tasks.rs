@@ -197,7 +197,10 @@ impl<T: Send + Sync + 'static> Tasks<T> {
     /// queued; `false` if there was nothing to take.
     fn serve(&self, lane: &Arc<Lane<T>>, until: usize, env: &Arc<Env>) -> bool {
         lane.other_begins();
-        let mut runner = TaskModeRunner::new(env, Place::Publisher);
+        // A publish it takes is claimed whole (see `Runner::claims_rest`):
+        // a handler run here that blocks on `close` holds up the rest of
+        // it, which must not be waited for.
+        let mut runner = TaskModeRunner::caller(env);
         let mut finished = 0;
         let mut ran = false;
         loop {
