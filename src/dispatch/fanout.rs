@@ -97,12 +97,13 @@ pub(crate) trait Runner<T> {
     fn has_idle_capacity(&self) -> bool;
     /// Starts one more runner on `job` if that can be done without waiting.
     fn offer_helper(&mut self, job: &Fanout<T>) -> bool;
-    /// Whether this runner claims all that is left of a job at once: no
-    /// other runner can come for it (a publisher running a job no task
-    /// could take), so a grain would only leave the rest unclaimed, and
-    /// not counted as held by this thread's stack (see
-    /// `quiesce::held_here`), while a handler of the job blocks there: a
-    /// `close` it blocks on would wait for the rest of its own publish.
+    /// Whether this runner claims all that is left of a job at once: a
+    /// publisher running work itself (no task could take it, or it serves
+    /// its full lane). A grain would leave the rest unclaimed, so not
+    /// counted as held by this thread's stack (see `quiesce::held_here`),
+    /// while a handler of the job blocks there: a `close` it blocks on
+    /// would wait for the rest of its own publish, which no task may come
+    /// to run.
     fn claims_rest(&self) -> bool {
         false
     }
@@ -372,8 +373,9 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         }
         let size =
             if (self.plan.max_runners == 1 || runner.claims_rest()) && !self.plan.single_claim {
-                // Nobody to share with (`Inline`, or one subscription): all of
-                // it at once, and no clock read for a grain.
+                // Nobody to share with (`Inline`, or one subscription), or
+                // a publisher running it itself: all of it at once, and no
+                // clock read for a grain.
                 self.total
             } else if self.plan.unit == 1 && !self.plan.single_claim {
                 // Units of one subscription: a grain of them.
