@@ -1000,7 +1000,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// deliveries still run.
     ///
     /// Called from inside a handler (an async handler awaiting it, or a sync
-    /// one blocking on it where it may block), it finishes once everything
+    /// one blocking on it where it may block: a pool worker, or a publisher's
+    /// thread that is not a tokio worker; on a tokio worker, where
+    /// `TaskPerSubscriber` runs its handlers, a sync handler spawns the
+    /// close instead),
+    /// it finishes once everything
     /// else has drained: it does not wait for its own caller. A sync handler
     /// blocking on it holds up the publish it runs in, which is not waited
     /// for either; an async handler awaiting it holds up only its own
