@@ -178,8 +178,15 @@ impl<T: Send + Sync + 'static> Batch<T> {
     /// Claims the next subscriptions for this runner. False when none are
     /// left.
     fn claim(&self, first: &Fanout<T>, env: &Env, p: &mut BatchProgress) -> bool {
-        let per_unit = FAST_UNIT.saturating_mul(p.jobs as u32);
-        let units = p.grain.next(per_unit);
+        // A one-worker pool: nobody can join, so all of it at once. A
+        // handler that blocks on `close` then holds up the rest of the
+        // batch as held by this thread's stack (see `quiesce::held_here`),
+        // not unclaimed work `close` would wait for until its timeout.
+        let units = if env.workers == 1 {
+            first.total()
+        } else {
+            p.grain.next(FAST_UNIT.saturating_mul(p.jobs as u32))
+        };
         let start = self.next.fetch_add(units, Ordering::Relaxed);
         if start >= first.total() {
             return false;

@@ -1,0 +1,224 @@
+//! A sync handler blocking on `close` in `WorkerPool` and `Inline` modes
+//! (batches, grains and chunks, a publisher running work itself, nested
+//! publishes, ordered handlers): `close` finishes once everything else has
+//! drained, without waiting for the publish(es) the handler holds up, and
+//! never until `close_timeout` because of work that cannot run before the
+//! handler returns. `Stats` stay exact afterwards. Every wait is under a
+//! time limit, so a bug fails instead of hanging.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blazesub::{Bus, BusBuilder, DeliveryMode, Error, Message, Subscription};
+
+/// Where a closer sends what its `close` returned, and how long it took.
+type Closed = Receiver<(Result<(), Error>, Duration)>;
+
+const LIMIT: Duration = Duration::from_secs(10);
+/// `close` must return well before the bus's `close_timeout` (2 s).
+const PROMPT: Duration = Duration::from_secs(1);
+
+fn builder(mode: DeliveryMode, workers: usize) -> BusBuilder<u32> {
+    Bus::<u32>::builder()
+        .delivery(mode)
+        .workers(workers)
+        .close_timeout(Duration::from_secs(2))
+}
+
+/// Subscribes (plain or ordered) a handler of `topic` that blocks on
+/// `close` when it gets `on`, and sends the result and how long it took.
+fn closer(bus: &Bus<u32>, topic: &str, on: u32, ordered: bool) -> (Subscription, Closed) {
+    let (tx, closed) = std::sync::mpsc::channel();
+    let inner = bus.clone();
+    let close = move |m: &Message<u32>| {
+        if *m.data() == on {
+            let started = Instant::now();
+            let result = common::block_on(inner.close());
+            let _ = tx.send((result, started.elapsed()));
+        }
+    };
+    let sub = if ordered {
+        bus.subscribe_ordered(topic, close).unwrap()
+    } else {
+        bus.subscribe(topic, close).unwrap()
+    };
+    (sub, closed)
+}
+
+/// Subscribes `n` counting handlers of `topic`.
+fn counters(bus: &Bus<u32>, topic: &str, n: usize) -> (Vec<Subscription>, Arc<AtomicU64>) {
+    let count = Arc::new(AtomicU64::new(0));
+    let subs = (0..n)
+        .map(|_| {
+            let count = Arc::clone(&count);
+            bus.subscribe(topic, move |_| {
+                count.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap()
+        })
+        .collect();
+    (subs, count)
+}
+
+/// Checks `close` returned `Ok` promptly, then that the bus drains and its
+/// stats account for every delivery `reached` counted.
+fn check(what: &str, closed: &Closed) {
+    let (result, took) = closed
+        .recv_timeout(LIMIT)
+        .unwrap_or_else(|_| panic!("{what}: close never returned"));
+    assert!(result.is_ok(), "{what}: {result:?} after {took:?}");
+    assert!(took < PROMPT, "{what}: close took {took:?}");
+}
+
+fn check_drained(what: &str, bus: &Bus<u32>, reached: impl FnOnce() -> u64) {
+    assert!(
+        common::wait_until(LIMIT, || bus.inflight_messages() == 0),
+        "{what}: {:?}",
+        bus.stats()
+    );
+    let stats = bus.stats();
+    assert_eq!(
+        stats.delivered + stats.dropped + stats.handler_panics,
+        reached(),
+        "{what}: {stats:?}"
+    );
+}
+
+/// (a) A pool worker runs a batch of publishes queued behind one another
+/// to the same subscriptions; the closer's handler, subscribed first,
+/// blocks on `close` in the batch's first job.
+#[test]
+fn close_from_a_sync_handler_in_a_pool_batch() {
+    for workers in [1, 2] {
+        for ordered in [false, true] {
+            let what = format!("workers: {workers}, ordered: {ordered}");
+            let bus = builder(DeliveryMode::WorkerPool, workers).build().unwrap();
+            let (_closer, closed) = closer(&bus, "t", 1, ordered);
+            // Holds the worker on the first publish while the rest queue.
+            let _slow = bus
+                .subscribe("t", |m| {
+                    if *m.data() == 0 {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                })
+                .unwrap();
+            let (_others, _count) = counters(&bus, "t", 3);
+            let publisher = {
+                let bus = bus.clone();
+                std::thread::spawn(move || {
+                    (0..10)
+                        .filter_map(|i| bus.publish("t", i).ok())
+                        .sum::<usize>()
+                })
+            };
+            check(&what, &closed);
+            let reached = publisher.join().unwrap() as u64;
+            check_drained(&what, &bus, || reached);
+        }
+    }
+}
+
+/// (b) One publish to many subscriptions, below the threshold (grains)
+/// and above it (chunks): the closer, subscribed first, blocks on `close`
+/// with the rest of the publish unclaimed.
+#[test]
+fn close_from_a_sync_handler_in_a_pool_grain_or_chunk() {
+    for workers in [1, 2] {
+        for threshold in [1000, 2] {
+            for ordered in [false, true] {
+                let what =
+                    format!("workers: {workers}, threshold: {threshold}, ordered: {ordered}");
+                let bus = builder(DeliveryMode::WorkerPool, workers)
+                    .max_concurrent_subscriptions(threshold)
+                    .build()
+                    .unwrap();
+                let (_closer, closed) = closer(&bus, "t", 0, ordered);
+                let (_others, _count) = counters(&bus, "t", 16);
+                let reached = bus.publish("t", 0).unwrap() as u64;
+                check(&what, &closed);
+                check_drained(&what, &bus, || reached);
+            }
+        }
+    }
+}
+
+/// (d) `Inline`: a handler publishes (nested), and a handler of the inner
+/// publish blocks on `close`.
+#[test]
+fn close_from_a_sync_handler_of_a_nested_inline_publish() {
+    for ordered in [false, true] {
+        for outer_ordered in [false, true] {
+            let what = format!("ordered: {ordered}, outer ordered: {outer_ordered}");
+            let bus = builder(DeliveryMode::Inline, 1).build().unwrap();
+            let reached = Arc::new(AtomicU64::new(0));
+            let (_closer, closed) = closer(&bus, "inner", 0, ordered);
+            let (_others, _count) = counters(&bus, "inner", 3);
+            let publish_inner = {
+                let bus = bus.clone();
+                let reached = Arc::clone(&reached);
+                move |_: &Message<u32>| {
+                    if let Ok(n) = bus.publish("inner", 0) {
+                        reached.fetch_add(n as u64, Ordering::SeqCst);
+                    }
+                }
+            };
+            let _outer = if outer_ordered {
+                bus.subscribe_ordered("outer", publish_inner).unwrap()
+            } else {
+                bus.subscribe("outer", publish_inner).unwrap()
+            };
+            let (_after, _) = counters(&bus, "outer", 2);
+            let publisher = {
+                let bus = bus.clone();
+                std::thread::spawn(move || bus.publish("outer", 0).unwrap() as u64)
+            };
+            check(&what, &closed);
+            let outer = publisher.join().unwrap();
+            check_drained(&what, &bus, || outer + reached.load(Ordering::SeqCst));
+        }
+    }
+}
+
+/// (d') `Inline` with several publishers at once: the closer blocks in
+/// one publish while others run on other threads.
+#[test]
+fn close_from_a_sync_handler_of_an_inline_publish_among_others() {
+    for ordered in [false, true] {
+        let what = format!("ordered: {ordered}");
+        let bus = builder(DeliveryMode::Inline, 1).build().unwrap();
+        let (_closer, closed) = closer(&bus, "t", 5, ordered);
+        let (_others, _count) = counters(&bus, "t", 3);
+        let publishers: Vec<_> = (0..3)
+            .map(|p| {
+                let bus = bus.clone();
+                std::thread::spawn(move || {
+                    (0..10)
+                        .filter_map(|i| bus.publish("t", p * 10 + i).ok())
+                        .sum::<usize>()
+                })
+            })
+            .collect();
+        check(&what, &closed);
+        let reached: usize = publishers.into_iter().map(|p| p.join().unwrap()).sum();
+        check_drained(&what, &bus, || reached as u64);
+    }
+}
+
+/// (a') One worker: a publish gathered into a batch with the one whose
+/// handler blocks on `close` cannot run before that handler returns.
+#[test]
+fn close_from_a_sync_handler_with_a_publish_batched_behind_on_its_only_worker() {
+    for ordered in [false, true] {
+        let what = format!("ordered: {ordered}");
+        let bus = builder(DeliveryMode::WorkerPool, 1).build().unwrap();
+        let (_closer, closed) = closer(&bus, "t", 0, ordered);
+        let (_others, _count) = counters(&bus, "t", 3);
+        let reached = bus.publish("t", 0).unwrap() + bus.publish("t", 1).unwrap_or(0);
+        check(&what, &closed);
+        check_drained(&what, &bus, || reached as u64);
+    }
+}
