@@ -13,7 +13,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blazesub::{Bus, BusBuilder, DeliveryMode, Error, Message, Subscription};
+use blazesub::{Bus, BusBuilder, DeliveryMode, Error, Message, Overflow, Subscription};
 
 /// Where a closer sends what its `close` returned, and how long it took.
 type Closed = Receiver<(Result<(), Error>, Duration)>;
@@ -98,10 +98,13 @@ fn close_from_a_sync_handler_in_a_pool_batch() {
             let what = format!("workers: {workers}, ordered: {ordered}");
             let bus = builder(DeliveryMode::WorkerPool, workers).build().unwrap();
             let (_closer, closed) = closer(&bus, "t", 1, ordered);
-            // Holds the worker on the first publish while the rest queue.
+            // Holds the worker on the first publish while the rest queue
+            // (published once it has started, so they make one batch).
+            let (started, has_started) = std::sync::mpsc::sync_channel(1);
             let _slow = bus
-                .subscribe("t", |m| {
+                .subscribe("t", move |m| {
                     if *m.data() == 0 {
+                        let _ = started.try_send(());
                         std::thread::sleep(Duration::from_millis(50));
                     }
                 })
@@ -110,9 +113,12 @@ fn close_from_a_sync_handler_in_a_pool_batch() {
             let publisher = {
                 let bus = bus.clone();
                 std::thread::spawn(move || {
-                    (0..10)
-                        .filter_map(|i| bus.publish("t", i).ok())
-                        .sum::<usize>()
+                    let first = bus.publish("t", 0).unwrap();
+                    has_started.recv_timeout(LIMIT).unwrap();
+                    first
+                        + (1..10)
+                            .filter_map(|i| bus.publish("t", i).ok())
+                            .sum::<usize>()
                 })
             };
             check(&what, &closed);
@@ -141,6 +147,94 @@ fn close_from_a_sync_handler_in_a_pool_grain_or_chunk() {
                 let reached = bus.publish("t", 0).unwrap() as u64;
                 check(&what, &closed);
                 check_drained(&what, &bus, || reached);
+            }
+        }
+    }
+}
+
+/// (c) A full queue under `Overflow::CallerRuns` / `Overflow::Wait`: the
+/// publisher, a plain thread, runs work itself (CallerRuns), or waits; a
+/// handler it runs blocks on `close`.
+#[test]
+fn close_from_a_sync_handler_run_by_its_publisher_on_a_full_queue() {
+    for overflow in [Overflow::CallerRuns, Overflow::Wait] {
+        // One worker: see the ignored test at the end.
+        for workers in [2, 3] {
+            for (ordered, round) in [false, true]
+                .into_iter()
+                .flat_map(|o| (0..4).map(move |r| (o, r)))
+            {
+                let what =
+                    format!("{overflow:?}, workers: {workers}, ordered: {ordered}, round {round}");
+                let bus = builder(DeliveryMode::WorkerPool, workers)
+                    .overflow(overflow)
+                    .queue_capacity(1)
+                    .build()
+                    .unwrap();
+                let (_closer, closed) = closer(&bus, "t", 3, ordered);
+                let _slow = bus
+                    .subscribe("t", |m| {
+                        if *m.data() == 0 {
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                    })
+                    .unwrap();
+                let (_others, _count) = counters(&bus, "t", 3);
+                let publisher = {
+                    let bus = bus.clone();
+                    std::thread::spawn(move || {
+                        (0..10)
+                            .filter_map(|i| bus.publish("t", i).ok())
+                            .sum::<usize>()
+                    })
+                };
+                check(&what, &closed);
+                let reached = publisher.join().unwrap() as u64;
+                check_drained(&what, &bus, || reached);
+            }
+        }
+    }
+}
+
+/// (c') A pool handler publishing to a full queue runs the publish itself
+/// (it must not wait on a worker); a handler of that publish blocks on
+/// `close`.
+#[test]
+fn close_from_a_sync_handler_of_a_publish_a_pool_handler_runs_itself() {
+    for overflow in [Overflow::CallerRuns, Overflow::Wait] {
+        // One worker: see the ignored test at the end.
+        for workers in [2, 3] {
+            for (ordered, round) in [false, true]
+                .into_iter()
+                .flat_map(|o| (0..4).map(move |r| (o, r)))
+            {
+                let what =
+                    format!("{overflow:?}, workers: {workers}, ordered: {ordered}, round {round}");
+                let bus = builder(DeliveryMode::WorkerPool, workers)
+                    .overflow(overflow)
+                    .queue_capacity(1)
+                    .build()
+                    .unwrap();
+                let reached = Arc::new(AtomicU64::new(0));
+                let (_closer, closed) = closer(&bus, "inner", 3, ordered);
+                let (_others, _count) = counters(&bus, "inner", 3);
+                let _outer = {
+                    let bus = bus.clone();
+                    let reached = Arc::clone(&reached);
+                    bus.clone()
+                        .subscribe("outer", move |_| {
+                            for i in 0..6 {
+                                if let Ok(n) = bus.publish("inner", i) {
+                                    reached.fetch_add(n as u64, Ordering::SeqCst);
+                                }
+                            }
+                        })
+                        .unwrap()
+                };
+                let (_after, _) = counters(&bus, "outer", 2);
+                let outer = bus.publish("outer", 0).unwrap() as u64;
+                check(&what, &closed);
+                check_drained(&what, &bus, || outer + reached.load(Ordering::SeqCst));
             }
         }
     }

@@ -237,6 +237,14 @@ impl<T: Send + Sync + 'static> Runner<T> for PoolRunner<'_, T> {
         true
     }
 
+    /// A publisher running its job itself (the queue had no room for it,
+    /// or it publishes from a delivery its runner waits for) claims all of
+    /// it: a handler of it that blocks on `close` holds up the rest, which
+    /// must then count as held by this thread's stack, not be waited for.
+    fn claims_rest(&self) -> bool {
+        self.place == Place::Publisher
+    }
+
     fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) -> bool {
         if self.place != Place::Worker {
             return matches!(
