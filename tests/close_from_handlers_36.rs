@@ -316,3 +316,27 @@ fn close_from_a_sync_handler_with_a_publish_batched_behind_on_its_only_worker() 
         check_drained(&what, &bus, || reached as u64);
     }
 }
+
+/// (a'') One worker: a publish to another topic queued behind the one
+/// whose handler blocks on `close` (not batched with it) cannot run before
+/// that handler returns.
+///
+/// Open (not fixed here): on a one-worker pool nobody can take the
+/// worker's queue while its handler blocks, and `close` counts only the
+/// deliveries the thread's stack holds, not those queued behind it, so it
+/// waits for them until `close_timeout`. The same happens to a one-worker
+/// pool's handler that publishes (it queues while there is room) and then
+/// blocks, or to the worker's next publish under `Overflow::Wait`.
+#[test]
+#[ignore = "open: a one-worker pool's queue behind a handler blocking on close"]
+fn close_from_a_sync_handler_with_another_topic_queued_behind_on_its_only_worker() {
+    for ordered in [false, true] {
+        let what = format!("ordered: {ordered}");
+        let bus = builder(DeliveryMode::WorkerPool, 1).build().unwrap();
+        let (_closer, closed) = closer(&bus, "t", 0, ordered);
+        let (_others, _count) = counters(&bus, "u", 3);
+        let reached = bus.publish("t", 0).unwrap() + bus.publish("u", 1).unwrap_or(0);
+        check(&what, &closed);
+        check_drained(&what, &bus, || reached as u64);
+    }
+}
