@@ -1003,7 +1003,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// one blocking on it where it may block: a pool worker, or a publisher's
     /// thread that is not a tokio worker; on a tokio worker, where
     /// `TaskPerSubscriber` runs its handlers, a sync handler spawns the
-    /// close instead),
+    /// close instead; and not in a pool of one worker, whose other queued
+    /// publishes it would wait for until the timeout),
     /// it finishes once everything
     /// else has drained: it does not wait for its own caller. A sync handler
     /// blocking on it holds up the publish it runs in, which is not waited
