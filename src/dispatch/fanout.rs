@@ -107,13 +107,6 @@ pub(crate) trait Runner<T> {
     fn claims_rest(&self) -> bool {
         false
     }
-    /// Units of a single-claim job (`Batch::Single`) this runner claims, at
-    /// once: more than one for a publisher running the units no task could
-    /// take, which are then held by its stack from the start, as
-    /// [`Self::claims_rest`] explains.
-    fn single_units(&self) -> usize {
-        1
-    }
     /// Takes over an async delivery still running after its first poll. It
     /// must eventually finish it and account for it. True if it now
     /// continues off this thread's stack (as a task of its own), where the
@@ -380,8 +373,6 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             } else if self.plan.unit == 1 && !self.plan.single_claim {
                 // Units of one subscription: a grain of them.
                 p.grain.next(FAST_UNIT)
-            } else if self.plan.single_claim {
-                self.plan.unit * runner.single_units()
             } else {
                 self.plan.unit
             };

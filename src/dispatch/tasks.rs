@@ -282,18 +282,18 @@ impl<T: Send + Sync + 'static> Tasks<T> {
                 }
                 None => match env.overflow {
                     // A runtime thread that waited for a task slot could be
-                    // the one the tasks need: `Wait` runs here too. This
-                    // unit and those after it run here, claimed at once: a
-                    // handler of the first that blocks on `close` must not
-                    // have it wait for the others, which cannot run first.
+                    // the one the tasks need: `Wait` runs here too. Only
+                    // this unit: the ones after it still go to tasks once
+                    // slots are free again, in parallel. Until then they
+                    // have no runner and cannot start before this returns,
+                    // so they count as held by this thread's stack: a
+                    // handler of this unit that blocks on `close` must not
+                    // wait for them. (A unit is one delivery here.)
                     Overflow::Wait | Overflow::CallerRuns => {
-                        let units = runners - runner;
-                        caller_runs(job, &mut TaskModeRunner::caller_of_units(env, units), env);
-                        // `Stats::caller_runs` counts units.
-                        for _ in 1..units {
-                            env.counters.caller_ran();
-                        }
-                        return dropped;
+                        let later = ((runners - runner - 1) * job.plan().unit) as u64;
+                        quiesce::hold(&env.quiescence, later);
+                        let _unhold = Unhold(&env.quiescence, later);
+                        caller_runs(job, &mut TaskModeRunner::caller(env), env);
                     }
                     Overflow::Drop | Overflow::Error => dropped += refused(job, started, env),
                 },
@@ -569,9 +569,6 @@ struct TaskModeRunner<'a> {
     place: Place,
     /// Runs a job no task could take (see [`Runner::claims_rest`]).
     alone: bool,
-    /// Units of a single-claim job it claims at once (see
-    /// [`Runner::single_units`]).
-    units: usize,
     /// Pending deliveries a task runner awaits itself (see `pending.rs`).
     awaited: Vec<BoxFuture>,
 }
@@ -582,17 +579,7 @@ impl<'a> TaskModeRunner<'a> {
             env,
             place,
             alone: false,
-            units: 1,
             awaited: Vec::new(),
-        }
-    }
-
-    /// The publisher's runner for `units` units of a single-claim job that
-    /// no task could take.
-    fn caller_of_units(env: &'a Arc<Env>, units: usize) -> Self {
-        Self {
-            units,
-            ..Self::caller(env)
         }
     }
 
@@ -618,10 +605,6 @@ impl<T: Send + Sync + 'static> Runner<T> for TaskModeRunner<'_> {
 
     fn claims_rest(&self) -> bool {
         self.alone
-    }
-
-    fn single_units(&self) -> usize {
-        self.units
     }
 
     fn pending(&mut self, delivery: BoxFuture, tally: &mut Tally) -> bool {
