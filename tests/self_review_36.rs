@@ -1,5 +1,79 @@
 //! Findings of the thirty-sixth self-review. Each test has a time limit.
 
+#[cfg(feature = "mqtt")]
+#[path = "common/bridge_support.rs"]
+mod bridge_support;
+#[cfg(feature = "mqtt")]
+#[path = "common/mosquitto.rs"]
+mod mosquitto;
+
+#[cfg(feature = "mqtt")]
+mod mqtt_sys_prefix {
+    use std::time::Duration;
+
+    use crate::bridge_support::{inline_bus, limit, start_node, subscribed, until, Seen};
+    use crate::mosquitto::Mosquitto;
+    use blazesub::bridge::Bridge;
+    use blazesub::Bus;
+    use bytes::Bytes;
+
+    async fn node(bus: &Bus<Bytes>, url: &str, name: &str, ex: &[&str], im: &[&str]) -> Bridge {
+        let builder = Bridge::builder(bus)
+            .mqtt(url)
+            .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
+        start_node(builder, name, ex, im).await
+    }
+
+    /// mosquitto refuses a client's publish to any topic that begins with
+    /// the four bytes `$SYS` (`strncmp(topic, "$SYS", 4)`), `$SYSTEM/x`
+    /// included, and likewise one that begins with `$share`, and at QoS 0
+    /// says nothing. Each export must then either
+    /// arrive or be counted dropped; none may be counted sent and vanish.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sys_prefixed_exports_arrive_or_are_counted_dropped() {
+        let broker = Mosquitto::start();
+        limit(60, async {
+            let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
+            let filters = ["$SYSTEM/#", "$SYSx", "$shared/#", "plain/#"];
+            let ba = node(&a, &broker.url(), "a", &filters, &[]).await;
+            let bb = node(&b, &broker.url(), "b", &[], &filters).await;
+            let seen = Seen::default();
+            let _subs: Vec<_> = filters
+                .iter()
+                .map(|f| b.subscribe(f, seen.handler()).unwrap())
+                .collect();
+            subscribed(&bb, 4).await;
+            for topic in ["$SYSTEM/x", "$SYSx", "$shared/x", "plain/z"] {
+                a.publish(topic, Bytes::from_static(b"m")).unwrap();
+            }
+            until(
+                || seen.topics().contains(&"plain/z".to_owned()),
+                || format!("{:?} {:?} {:?}", seen.topics(), ba.stats(), bb.stats()),
+            )
+            .await;
+            until(
+                || {
+                    let s = ba.stats();
+                    s.sent + s.dropped == 4
+                },
+                || format!("{:?}", ba.stats()),
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let (sa, sb) = (ba.stats(), bb.stats());
+            assert_eq!(
+                sa.sent,
+                sb.received,
+                "exports counted sent that nobody received: seen {:?}, a {sa:?}, b {sb:?}",
+                seen.sorted_topics()
+            );
+            ba.close().await.unwrap();
+            bb.close().await.unwrap();
+        })
+        .await;
+    }
+}
+
 mod common;
 
 mod single_units_at_the_task_cap {

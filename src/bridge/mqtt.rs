@@ -39,8 +39,9 @@
 //!   its length truncated, and the broker close the connection), or one
 //!   with a control character or a Unicode noncharacter (which the bus
 //!   allows and MQTT 5 does not; mosquitto closes the connection), and a
-//!   topic in the broker's own `$SYS` namespace (brokers drop a client's
-//!   publish there; other `$` topics travel as they are). A local
+//!   topic that begins with `$SYS` or `$share`, which brokers keep for
+//!   themselves (mosquitto drops a client's publish to any topic with that
+//!   prefix, `$SYSTEM/x` too; other `$` topics travel as they are). A local
 //!   filter with one, or an upstream filter over [`MAX_STRING`] bytes (the
 //!   intersection of a local filter and an import can be longer than
 //!   either) or whose SUBSCRIBE is over the broker's Maximum Packet Size,
@@ -501,12 +502,15 @@ fn feed_retry(
     }
 }
 
-/// Whether `topic` is in the broker's own namespace, `$SYS`: brokers
-/// publish their statistics there and drop what a client publishes (at
-/// QoS 0 mosquitto says nothing, so the export would count as sent and
-/// reach nobody). Other topics that start with `$` travel as they are.
+/// Whether `topic` is one brokers keep for themselves, where they drop
+/// what a client publishes (at QoS 0 mosquitto says nothing, so the
+/// export would count as sent and reach nobody): its `$SYS` namespace, and
+/// shared subscriptions' `$share`. mosquitto compares only the prefix
+/// (`strncmp(topic, "$SYS", 4)`, and `"$share"`, 6), so `$SYSTEM/x` and
+/// `$shared/x` are dropped too. Other topics that start with `$` travel as
+/// they are.
 fn broker_owned(topic: &str) -> bool {
-    topic == "$SYS" || topic.starts_with("$SYS/")
+    topic.starts_with("$SYS") || topic.starts_with("$share")
 }
 
 /// The most a SUBSCRIBE for `filter` takes: a fixed header of up to 5
@@ -703,7 +707,7 @@ impl Transport for Mqtt {
             }
             if broker_owned(&message.topic) {
                 return Err(SendError::Refused(format!(
-                    "{:?} is in the broker's own $SYS namespace, where MQTT brokers drop a client's publish",
+                    "{:?} begins with $SYS or $share, which MQTT brokers keep for themselves and where they drop a client's publish",
                     &*message.topic
                 )));
             }
