@@ -7,22 +7,32 @@ mod bridge_support;
 #[path = "common/mosquitto.rs"]
 mod mosquitto;
 
+/// A node bridged to the broker at `url`, exporting `ex` and importing `im`.
+#[cfg(feature = "mqtt")]
+async fn node(
+    bus: &blazesub::Bus<bytes::Bytes>,
+    url: &str,
+    name: &str,
+    ex: &[&str],
+    im: &[&str],
+) -> blazesub::bridge::Bridge {
+    let builder = blazesub::bridge::Bridge::builder(bus)
+        .mqtt(url)
+        .reconnect_backoff(
+            std::time::Duration::from_millis(20),
+            std::time::Duration::from_millis(200),
+        );
+    bridge_support::start_node(builder, name, ex, im).await
+}
+
 #[cfg(feature = "mqtt")]
 mod mqtt_sys_prefix {
     use std::time::Duration;
 
-    use crate::bridge_support::{inline_bus, limit, start_node, subscribed, until, Seen};
+    use crate::bridge_support::{inline_bus, limit, subscribed, until, Seen};
     use crate::mosquitto::Mosquitto;
-    use blazesub::bridge::Bridge;
-    use blazesub::Bus;
+    use crate::node;
     use bytes::Bytes;
-
-    async fn node(bus: &Bus<Bytes>, url: &str, name: &str, ex: &[&str], im: &[&str]) -> Bridge {
-        let builder = Bridge::builder(bus)
-            .mqtt(url)
-            .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
-        start_node(builder, name, ex, im).await
-    }
 
     /// mosquitto refuses a client's publish to any topic that begins with
     /// the four bytes `$SYS` (`strncmp(topic, "$SYS", 4)`), `$SYSTEM/x`
@@ -145,5 +155,77 @@ mod single_units_at_the_task_cap {
             );
             assert_eq!(stats.caller_runs, ran_here, "{overflow:?}: {stats:?}");
         }
+    }
+}
+
+#[cfg(feature = "mqtt")]
+mod mqtt_refused_filter_unsubscribe {
+    use std::time::Duration;
+
+    use crate::bridge_support::{inline_bus, limit, subscribed, Seen};
+    use crate::mosquitto::Mosquitto;
+    use crate::node;
+    use bytes::Bytes;
+
+    /// A local filter subscribed before the bridge's first ConnAck, whose
+    /// SUBSCRIBE turns out over the broker's Maximum Packet Size, is left
+    /// out of the broker's subscriptions. Unsubscribing it locally must
+    /// not send the broker an UNSUBSCRIBE just as far over the limit: that
+    /// fails the connection (a reconnect, and what is in flight on it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unsubscribing_a_filter_the_broker_could_not_take_keeps_the_connection() {
+        let broker = Mosquitto::start_with("max_packet_size 1000\n");
+        limit(60, async {
+            let a = inline_bus::<Bytes>();
+            let ba = node(&a, &broker.url(), "a", &["t/#"], &[]).await;
+            let long_local = format!("{}/+", "x".repeat(2_000));
+            // The long filter must reach the table before the first
+            // ConnAck (the broker's limit unknown yet), then be left out
+            // of the broker's subscriptions there; after the ConnAck it is
+            // refused outright, so try a few bridges until one races so.
+            let mut in_table = None;
+            for _ in 0..10 {
+                let c = inline_bus::<Bytes>();
+                let early = c.subscribe(&long_local, |_| {}).unwrap();
+                let seen = Seen::default();
+                let t = c.subscribe("t/#", seen.handler()).unwrap();
+                let bc = node(&c, &broker.url(), "c", &[], &["#"]).await;
+                let both = tokio::time::timeout(Duration::from_secs(2), async {
+                    while bc.stats().upstream_subscriptions < 2 {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                })
+                .await;
+                if both.is_ok() {
+                    in_table = Some((c, early, seen, t, bc));
+                    break;
+                }
+                bc.close().await.unwrap();
+            }
+            let (_c, early, seen, _t, bc) =
+                in_table.expect("the long filter never reached the table");
+            subscribed(&bc, 2).await;
+            tokio::time::sleep(Duration::from_millis(1_000)).await;
+            let before = bc.stats().reconnects;
+            drop(early);
+            tokio::time::sleep(Duration::from_millis(1_000)).await;
+            for i in 0..20 {
+                a.publish(&format!("t/{i}"), Bytes::from_static(b"1"))
+                    .unwrap();
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(3), async {
+                while seen.len() < 20 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await;
+            let (sa, sc) = (ba.stats(), bc.stats());
+            assert_eq!(
+                (sc.reconnects, seen.len()),
+                (before, 20),
+                "the UNSUBSCRIBE cost the connection: a {sa:?}; c {sc:?}"
+            );
+        })
+        .await;
     }
 }

@@ -662,12 +662,18 @@ impl Drop for MqttUpstream {
             }
             last
         };
-        if last
-            && self
-                .shared
-                .client
-                .try_unsubscribe(self.filter.clone())
-                .is_err()
+        // A filter the broker cannot take was left out of its
+        // subscriptions (`resubscribe`), and an UNSUBSCRIBE for it would be
+        // over the broker's Maximum Packet Size just as well: it would cost
+        // the connection, for nothing to undo.
+        if !last || over_broker_max(&self.shared, &self.filter).is_some() {
+            return;
+        }
+        if self
+            .shared
+            .client
+            .try_unsubscribe(self.filter.clone())
+            .is_err()
         {
             let client = self.shared.client.clone();
             let filter = std::mem::take(&mut self.filter);
