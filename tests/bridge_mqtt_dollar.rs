@@ -15,28 +15,9 @@ mod mosquitto;
 
 use std::time::Duration;
 
-use blazesub::bridge::Bridge;
-use blazesub::Bus;
-use bridge_support::{inline_bus, limit, start_node, subscribed, until, Seen};
+use bridge_support::{inline_bus, limit, mqtt_node, subscribed, until, Seen};
 use bytes::Bytes;
 use mosquitto::Mosquitto;
-
-async fn node(
-    bus: &Bus<Bytes>,
-    url: &str,
-    name: &str,
-    exports: &[&str],
-    imports: &[&str],
-    at_least_once: bool,
-) -> Bridge {
-    let mut builder = Bridge::builder(bus)
-        .mqtt(url)
-        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
-    if at_least_once {
-        builder = builder.at_least_once(Duration::from_secs(60));
-    }
-    start_node(builder, name, exports, imports).await
-}
 
 /// Node a exports `$app/#`, `$SYS/#` and `plain/#`; node b imports
 /// `$app/#` and `plain/#` and subscribes to them. `$app` topics cross; the
@@ -48,8 +29,8 @@ async fn dollar_topics_cross_or_are_counted(at_least_once: bool) {
         let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
         let exports = ["$app/#", "$SYS/#", "plain/#"];
         let imports = ["$app/#", "plain/#"];
-        let ba = node(&a, &broker.url(), "a", &exports, &[], at_least_once).await;
-        let bb = node(&b, &broker.url(), "b", &[], &imports, at_least_once).await;
+        let ba = mqtt_node(&a, &broker.url(), "a", &exports, &[], at_least_once).await;
+        let bb = mqtt_node(&b, &broker.url(), "b", &[], &imports, at_least_once).await;
         let seen = Seen::default();
         let _subs: Vec<_> = imports
             .iter()

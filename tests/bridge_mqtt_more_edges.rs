@@ -12,28 +12,9 @@ mod mosquitto;
 
 use std::time::{Duration, Instant};
 
-use blazesub::bridge::Bridge;
-use blazesub::Bus;
-use bridge_support::{inline_bus, limit, start_node, subscribed, until, Seen};
+use bridge_support::{inline_bus, limit, mqtt_node, subscribed, until, Seen};
 use bytes::Bytes;
 use mosquitto::Mosquitto;
-
-async fn node(
-    bus: &Bus<Bytes>,
-    url: &str,
-    name: &str,
-    exports: &[&str],
-    imports: &[&str],
-    at_least_once: bool,
-) -> Bridge {
-    let mut builder = Bridge::builder(bus)
-        .mqtt(url)
-        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
-    if at_least_once {
-        builder = builder.at_least_once(Duration::from_secs(60));
-    }
-    start_node(builder, name, exports, imports).await
-}
 
 /// A local filter and an import, each within MQTT's 65,535 bytes, whose
 /// intersection (the upstream filter) is longer: rumqttc would write its
@@ -46,8 +27,8 @@ async fn an_upstream_filter_over_mqtts_string_limit_does_not_take_the_bridge_dow
     limit(60, async {
         let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
         let long_import = format!("+/{}", "y".repeat(40_000));
-        let ba = node(&a, &broker.url(), "a", &["t/#"], &[], false).await;
-        let bb = node(&b, &broker.url(), "b", &[], &["t/#", &long_import], false).await;
+        let ba = mqtt_node(&a, &broker.url(), "a", &["t/#"], &[], false).await;
+        let bb = mqtt_node(&b, &broker.url(), "b", &[], &["t/#", &long_import], false).await;
         let seen = Seen::default();
         let _t = b.subscribe("t/#", seen.handler()).unwrap();
         // `t/#` ∩ `+/y…y` is `t/y…y`, within the limit.
@@ -62,7 +43,7 @@ async fn an_upstream_filter_over_mqtts_string_limit_does_not_take_the_bridge_dow
         let _early = c.subscribe(&long_local, |_| {}).unwrap();
         let c_seen = Seen::default();
         let _ct = c.subscribe("t/#", c_seen.handler()).unwrap();
-        let bc = node(&c, &broker.url(), "c", &[], &["#"], false).await;
+        let bc = mqtt_node(&c, &broker.url(), "c", &[], &["#"], false).await;
         tokio::time::sleep(Duration::from_millis(1_000)).await;
         for i in 0..20 {
             a.publish(&format!("t/{i}"), Bytes::from_static(b"1"))
@@ -94,8 +75,8 @@ async fn a_subscribe_over_the_brokers_maximum_packet_size_does_not_take_the_brid
     let broker = Mosquitto::start_with("max_packet_size 1000\n");
     limit(60, async {
         let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
-        let ba = node(&a, &broker.url(), "a", &["t/#"], &[], false).await;
-        let bb = node(&b, &broker.url(), "b", &[], &["#"], false).await;
+        let ba = mqtt_node(&a, &broker.url(), "a", &["t/#"], &[], false).await;
+        let bb = mqtt_node(&b, &broker.url(), "b", &[], &["#"], false).await;
         let seen = Seen::default();
         let _t = b.subscribe("t/#", seen.handler()).unwrap();
         subscribed(&bb, 1).await;
@@ -108,7 +89,7 @@ async fn a_subscribe_over_the_brokers_maximum_packet_size_does_not_take_the_brid
         let _early = c.subscribe(&long_local, |_| {}).unwrap();
         let c_seen = Seen::default();
         let _ct = c.subscribe("t/#", c_seen.handler()).unwrap();
-        let bc = node(&c, &broker.url(), "c", &[], &["#"], false).await;
+        let bc = mqtt_node(&c, &broker.url(), "c", &[], &["#"], false).await;
         tokio::time::sleep(Duration::from_millis(1_000)).await;
         for i in 0..20 {
             a.publish(&format!("t/{i}"), Bytes::from_static(b"1"))
@@ -138,8 +119,8 @@ async fn metadata_with_odd_keys_arrives_whole() {
     let broker = Mosquitto::start();
     limit(60, async {
         let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
-        let ba = node(&a, &broker.url(), "a", &["m/#"], &[], false).await;
-        let bb = node(&b, &broker.url(), "b", &[], &["m/#"], false).await;
+        let ba = mqtt_node(&a, &broker.url(), "a", &["m/#"], &[], false).await;
+        let bb = mqtt_node(&b, &broker.url(), "b", &[], &["m/#"], false).await;
         let seen = Seen::default();
         let _m = b.subscribe("m/#", seen.handler()).unwrap();
         subscribed(&bb, 1).await;
@@ -168,7 +149,7 @@ async fn close_while_the_broker_is_down(at_least_once: bool) {
     let mut broker = Mosquitto::start();
     limit(60, async {
         let a = inline_bus::<Bytes>();
-        let ba = node(&a, &broker.url(), "a", &["t/#"], &[], at_least_once).await;
+        let ba = mqtt_node(&a, &broker.url(), "a", &["t/#"], &[], at_least_once).await;
         for i in 0..10 {
             a.publish(&format!("t/{i}"), Bytes::from_static(b"1"))
                 .unwrap();
@@ -209,8 +190,8 @@ async fn exports_across_a_broker_restart(at_least_once: bool) {
     let mut broker = Mosquitto::start();
     limit(60, async {
         let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
-        let ba = node(&a, &broker.url(), "a", &["t/#"], &[], at_least_once).await;
-        let bb = node(&b, &broker.url(), "b", &[], &["t/#"], at_least_once).await;
+        let ba = mqtt_node(&a, &broker.url(), "a", &["t/#"], &[], at_least_once).await;
+        let bb = mqtt_node(&b, &broker.url(), "b", &[], &["t/#"], at_least_once).await;
         let seen = Seen::default();
         let _t = b.subscribe("t/#", seen.handler()).unwrap();
         subscribed(&bb, 1).await;

@@ -7,31 +7,13 @@ mod bridge_support;
 #[path = "common/mosquitto.rs"]
 mod mosquitto;
 
-/// A node bridged to the broker at `url`, exporting `ex` and importing `im`.
-#[cfg(feature = "mqtt")]
-async fn node(
-    bus: &blazesub::Bus<bytes::Bytes>,
-    url: &str,
-    name: &str,
-    ex: &[&str],
-    im: &[&str],
-) -> blazesub::bridge::Bridge {
-    let builder = blazesub::bridge::Bridge::builder(bus)
-        .mqtt(url)
-        .reconnect_backoff(
-            std::time::Duration::from_millis(20),
-            std::time::Duration::from_millis(200),
-        );
-    bridge_support::start_node(builder, name, ex, im).await
-}
-
 #[cfg(feature = "mqtt")]
 mod mqtt_sys_prefix {
     use std::time::Duration;
 
+    use crate::bridge_support::mqtt_node;
     use crate::bridge_support::{inline_bus, limit, subscribed, until, Seen};
     use crate::mosquitto::Mosquitto;
-    use crate::node;
     use bytes::Bytes;
 
     /// mosquitto refuses a client's publish to any topic that begins with
@@ -45,8 +27,8 @@ mod mqtt_sys_prefix {
         limit(60, async {
             let (a, b) = (inline_bus::<Bytes>(), inline_bus::<Bytes>());
             let filters = ["$SYSTEM/#", "$SYSx", "$shared/#", "plain/#"];
-            let ba = node(&a, &broker.url(), "a", &filters, &[]).await;
-            let bb = node(&b, &broker.url(), "b", &[], &filters).await;
+            let ba = mqtt_node(&a, &broker.url(), "a", &filters, &[], false).await;
+            let bb = mqtt_node(&b, &broker.url(), "b", &[], &filters, false).await;
             let seen = Seen::default();
             let _subs: Vec<_> = filters
                 .iter()
@@ -162,9 +144,9 @@ mod single_units_at_the_task_cap {
 mod mqtt_refused_filter_unsubscribe {
     use std::time::Duration;
 
+    use crate::bridge_support::mqtt_node;
     use crate::bridge_support::{inline_bus, limit, subscribed, Seen};
     use crate::mosquitto::Mosquitto;
-    use crate::node;
     use bytes::Bytes;
 
     /// A local filter subscribed before the bridge's first ConnAck, whose
@@ -177,7 +159,7 @@ mod mqtt_refused_filter_unsubscribe {
         let broker = Mosquitto::start_with("max_packet_size 1000\n");
         limit(60, async {
             let a = inline_bus::<Bytes>();
-            let ba = node(&a, &broker.url(), "a", &["t/#"], &[]).await;
+            let ba = mqtt_node(&a, &broker.url(), "a", &["t/#"], &[], false).await;
             let long_local = format!("{}/+", "x".repeat(2_000));
             // The long filter must reach the table before the first
             // ConnAck (the broker's limit unknown yet), then be left out
@@ -189,7 +171,7 @@ mod mqtt_refused_filter_unsubscribe {
                 let early = c.subscribe(&long_local, |_| {}).unwrap();
                 let seen = Seen::default();
                 let t = c.subscribe("t/#", seen.handler()).unwrap();
-                let bc = node(&c, &broker.url(), "c", &[], &["#"]).await;
+                let bc = mqtt_node(&c, &broker.url(), "c", &[], &["#"], false).await;
                 let both = tokio::time::timeout(Duration::from_secs(2), async {
                     while bc.stats().upstream_subscriptions < 2 {
                         tokio::time::sleep(Duration::from_millis(10)).await;

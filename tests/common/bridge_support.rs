@@ -57,6 +57,27 @@ pub async fn start_node<T: Send + Sync + 'static>(
     bridge
 }
 
+/// Starts node `name` bridged through the MQTT broker at `url`
+/// (reconnecting after 20–200 ms; at least once, with a session of a
+/// minute, if asked), and waits until it is connected.
+#[cfg(feature = "mqtt")]
+pub async fn mqtt_node(
+    bus: &Bus<Bytes>,
+    url: &str,
+    name: &str,
+    exports: &[&str],
+    imports: &[&str],
+    at_least_once: bool,
+) -> Bridge {
+    let mut builder = Bridge::builder(bus)
+        .mqtt(url)
+        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
+    if at_least_once {
+        builder = builder.at_least_once(Duration::from_secs(60));
+    }
+    start_node(builder, name, exports, imports).await
+}
+
 /// Waits until `bridge` holds `n` upstream subscriptions, then a little
 /// longer for the engine's acknowledgements (an MQTT broker has no
 /// monitoring endpoint to ask).
