@@ -4,7 +4,7 @@
 //!
 //! # Contract
 //! - The delivery runs inside a runner bracket of the bus's
-//!   [`Quiescence`], so `unsubscribe_and_wait` waits for it like any
+//!   [`Quiescence`](quiesce::Quiescence), so `unsubscribe_and_wait` waits for it like any
 //!   other; an async one finished in place counts as held by this stack
 //!   (a `close` awaited in it does not wait for it).
 //! - It is counted like any other: delivered, or a caught panic. An async
@@ -24,7 +24,7 @@ use super::pending::{self, Handed, Place};
 use super::{report_panic, Env};
 use crate::message::Message;
 use crate::registry::entry::Sink;
-use crate::registry::quiesce::{self, Quiescence};
+use crate::registry::quiesce;
 use crate::stats::{PublishGuard, Tally};
 
 /// Delivers `message` to `sink` now, on this thread, and counts it; an
@@ -46,7 +46,7 @@ pub(crate) fn deliver_now<T: Send + Sync + 'static>(
         // its first poll and its admission.
         Ok(Some(started)) => {
             if admit(env, held) {
-                let held = HeldHere::one(&env.quiescence);
+                let held = quiesce::HeldHere::new(&env.quiescence, 1);
                 let polled = catch_unwind(AssertUnwindSafe(|| {
                     pending::first_poll(started, env.handle.as_ref())
                 }));
@@ -100,22 +100,5 @@ fn admit(env: &Env, held: Option<&mut PublishGuard<'_>>) -> bool {
             .begin_publish()
             .map(|mut admitted| admitted.accept(1))
             .is_ok(),
-    }
-}
-
-/// One delivery held by this thread's stack (see `quiesce::held_here`),
-/// until dropped, even by a panic.
-struct HeldHere<'a>(&'a Quiescence);
-
-impl<'a> HeldHere<'a> {
-    fn one(quiescence: &'a Quiescence) -> Self {
-        quiesce::hold(quiescence, 1);
-        Self(quiescence)
-    }
-}
-
-impl Drop for HeldHere<'_> {
-    fn drop(&mut self) {
-        quiesce::unhold(self.0, 1);
     }
 }

@@ -188,8 +188,7 @@ impl<T: Send + Sync + 'static> Tasks<T> {
     /// them (it would wait until its timeout).
     fn serve_before(&self, job: &Fanout<T>, lane: &Arc<Lane<T>>, env: &Arc<Env>) -> bool {
         let own = job.total() as u64;
-        quiesce::hold(&env.quiescence, own);
-        let _unhold = Unhold(&env.quiescence, own);
+        let _held = quiesce::HeldHere::new(&env.quiescence, own);
         self.serve(lane, lane.capacity() / 2, env)
     }
 
@@ -291,8 +290,7 @@ impl<T: Send + Sync + 'static> Tasks<T> {
                     // wait for them. (A unit is one delivery here.)
                     Overflow::Wait | Overflow::CallerRuns => {
                         let later = ((runners - runner - 1) * job.plan().unit) as u64;
-                        quiesce::hold(&env.quiescence, later);
-                        let _unhold = Unhold(&env.quiescence, later);
+                        let _held = quiesce::HeldHere::new(&env.quiescence, later);
                         caller_runs(job, &mut TaskModeRunner::caller(env), env);
                     }
                     Overflow::Drop | Overflow::Error => dropped += refused(job, started, env),
@@ -315,16 +313,6 @@ impl<T: Send + Sync + 'static> Tasks<T> {
             };
             spawn_runner(&self.handle, Arc::clone(job), permit);
         }
-    }
-}
-
-/// Gives back deliveries counted as held by this thread's stack when
-/// dropped, even by a panic.
-struct Unhold<'a>(&'a quiesce::Quiescence, u64);
-
-impl Drop for Unhold<'_> {
-    fn drop(&mut self) {
-        quiesce::unhold(self.0, self.1);
     }
 }
 

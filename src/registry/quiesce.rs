@@ -237,6 +237,23 @@ pub(crate) fn unhold(quiescence: &Quiescence, n: u64) {
     change_own(quiescence.id, |own| own.held = own.held.saturating_sub(n));
 }
 
+/// `n` deliveries held by this thread's stack (see [`held_here`]) until
+/// dropped, even by a panic.
+pub(crate) struct HeldHere<'a>(&'a Quiescence, u64);
+
+impl<'a> HeldHere<'a> {
+    pub(crate) fn new(quiescence: &'a Quiescence, n: u64) -> Self {
+        hold(quiescence, n);
+        Self(quiescence, n)
+    }
+}
+
+impl Drop for HeldHere<'_> {
+    fn drop(&mut self) {
+        unhold(self.0, self.1);
+    }
+}
+
 /// Runs `finish`, which drives a pending delivery's future to its end on
 /// this thread, blocking it (at the task cap, where the delivery's runner
 /// finishes it itself). A `close` awaited in that delivery then never
