@@ -1003,12 +1003,12 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// one blocking on it where it may block: a pool worker, or a publisher's
     /// thread that is not a tokio worker; on a tokio worker, where
     /// `TaskPerSubscriber` runs its handlers, a sync handler spawns the
-    /// close instead; and not in a pool of one worker, whose other queued
-    /// publishes it would wait for until the timeout),
-    /// it finishes once everything
+    /// close instead), it finishes once everything
     /// else has drained: it does not wait for its own caller. A sync handler
     /// blocking on it holds up the publish it runs in, which is not waited
-    /// for either; an async handler awaiting it holds up only its own
+    /// for either; what is queued behind that publish on a pool worker no
+    /// other worker takes (a pool of one) runs on the thread the close waits
+    /// on. An async handler awaiting it holds up only its own
     /// delivery (the rest of its publish goes on, and is waited for), and,
     /// for an ordered handler, the messages queued behind that call, which
     /// run once it has returned. Deliveries of other buses are none of this
@@ -1073,7 +1073,15 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 let timeout = waiter.config.close_timeout;
                 let counters = &waiter.env.counters;
                 let _ = done.send(if from_handler {
-                    counters.wait_drained_except(|| caller.own_now(own_tokens), timeout, &flag)
+                    // The caller may hold up a pool worker with work queued
+                    // behind it: this thread runs it if nobody else can.
+                    let help = waiter.dispatcher.stand_in(&waiter.env);
+                    counters.wait_drained_except(
+                        || caller.own_now(own_tokens),
+                        timeout,
+                        &flag,
+                        help,
+                    )
                 } else {
                     counters.wait_drained_unless(timeout, &flag)
                 });

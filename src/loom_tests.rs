@@ -633,6 +633,58 @@ fn loom_a_blocked_handler_strands_nothing_of_its_batch() {
     });
 }
 
+/// Publishes to two topics with the same home worker (worker 0), one
+/// subscription each: the first's handler blocks until the second's has
+/// run. Worker 0 may take the second publish off its queue while gathering
+/// a batch behind the first, to run next (it does not fit the batch):
+/// whatever the interleaving, worker 1 gets it, from worker 0's queue or
+/// from its `next` (`pool/shared.rs`); loom reports a deadlock otherwise.
+#[test]
+fn loom_a_blocked_handler_strands_no_publish_taken_behind_it() {
+    use loom::sync::{Condvar, Mutex};
+
+    model_bounded(2, || {
+        let config = Config {
+            delivery: DeliveryMode::WorkerPool,
+            workers: 2,
+            queue_capacity: 4,
+            overflow: Overflow::CallerRuns,
+            ..Config::default()
+        };
+        let (env, dispatcher) = start_pool(&config);
+        let other_ran = Arc::new((Mutex::new(false), Condvar::new()));
+        let trie = Trie::<u32>::new();
+        for (id, topic) in [(0, "t"), (1, "u")] {
+            let other_ran = Arc::clone(&other_ran);
+            let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
+                id,
+                SyncSink(move |_: &Message<u32>| {
+                    let (ran, changed) = &*other_ran;
+                    let mut ran = ran.lock().unwrap();
+                    if id == 0 {
+                        while !*ran {
+                            ran = changed.wait(ran).unwrap();
+                        }
+                    } else {
+                        *ran = true;
+                        changed.notify_all();
+                    }
+                }),
+            ));
+            insert(&trie, topic, entry);
+        }
+        for (topic, value) in [("t", 0), ("u", 1)] {
+            let job = admitted_job(&trie, &config, &env, topic, value);
+            assert_eq!(dispatcher.dispatch(job, &env), 0);
+        }
+        env.counters
+            .close_and_wait(Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(env.counters.snapshot().delivered, 2);
+        dispatcher.shut_down();
+    });
+}
+
 /// One worker, a queue of one ticket, `Overflow::Wait`: the worker blocks
 /// in the first message's handler until the publisher has returned from its
 /// third publish, which finds the queue full and waits for room. Another

@@ -158,8 +158,7 @@ fn close_from_a_sync_handler_in_a_pool_grain_or_chunk() {
 #[test]
 fn close_from_a_sync_handler_run_by_its_publisher_on_a_full_queue() {
     for overflow in [Overflow::CallerRuns, Overflow::Wait] {
-        // One worker: see the ignored test at the end.
-        for workers in [2, 3] {
+        for workers in [1, 2, 3] {
             for (ordered, round) in [false, true]
                 .into_iter()
                 .flat_map(|o| (0..4).map(move |r| (o, r)))
@@ -202,8 +201,7 @@ fn close_from_a_sync_handler_run_by_its_publisher_on_a_full_queue() {
 #[test]
 fn close_from_a_sync_handler_of_a_publish_a_pool_handler_runs_itself() {
     for overflow in [Overflow::CallerRuns, Overflow::Wait] {
-        // One worker: see the ignored test at the end.
-        for workers in [2, 3] {
+        for workers in [1, 2, 3] {
             for (ordered, round) in [false, true]
                 .into_iter()
                 .flat_map(|o| (0..4).map(move |r| (o, r)))
@@ -317,18 +315,12 @@ fn close_from_a_sync_handler_with_a_publish_batched_behind_on_its_only_worker() 
     }
 }
 
-/// (a'') One worker: a publish to another topic queued behind the one
+/// (a2) One worker: a publish to another topic queued behind the one
 /// whose handler blocks on `close` (not batched with it) cannot run before
-/// that handler returns.
-///
-/// Open (not fixed here): on a one-worker pool nobody can take the
-/// worker's queue while its handler blocks, and `close` counts only the
-/// deliveries the thread's stack holds, not those queued behind it, so it
-/// waits for them until `close_timeout`. The same happens to a one-worker
-/// pool's handler that publishes (it queues while there is room) and then
-/// blocks, or to the worker's next publish under `Overflow::Wait`.
+/// that handler returns, and no other worker can take it: the thread
+/// `close` waits on runs it (before, it waited for it until
+/// `close_timeout`).
 #[test]
-#[ignore = "open: a one-worker pool's queue behind a handler blocking on close"]
 fn close_from_a_sync_handler_with_another_topic_queued_behind_on_its_only_worker() {
     for ordered in [false, true] {
         let what = format!("ordered: {ordered}");
@@ -338,5 +330,67 @@ fn close_from_a_sync_handler_with_another_topic_queued_behind_on_its_only_worker
         let reached = bus.publish("t", 0).unwrap() + bus.publish("u", 1).unwrap_or(0);
         check(&what, &closed);
         check_drained(&what, &bus, || reached as u64);
+    }
+}
+
+/// (a4) One worker: a handler publishes to another topic (queued behind
+/// it on the only worker, which has room), then blocks on `close`.
+#[test]
+fn close_from_a_sync_handler_after_its_own_publish_queued_behind_it_on_its_only_worker() {
+    for ordered in [false, true] {
+        let what = format!("ordered: {ordered}");
+        let bus = builder(DeliveryMode::WorkerPool, 1).build().unwrap();
+        let (tx, closed) = std::sync::mpsc::channel();
+        let reached = Arc::new(AtomicU64::new(0));
+        let publish_then_close = {
+            let (bus, reached) = (bus.clone(), Arc::clone(&reached));
+            move |_: &Message<u32>| {
+                for i in 0..3 {
+                    if let Ok(n) = bus.publish("u", i) {
+                        reached.fetch_add(n as u64, Ordering::SeqCst);
+                    }
+                }
+                let started = Instant::now();
+                let result = common::block_on(bus.close());
+                let _ = tx.send((result, started.elapsed()));
+            }
+        };
+        let _closer = if ordered {
+            bus.subscribe_ordered("t", publish_then_close).unwrap()
+        } else {
+            bus.subscribe("t", publish_then_close).unwrap()
+        };
+        let (_others, count) = counters(&bus, "u", 3);
+        let outer = bus.publish("t", 0).unwrap() as u64;
+        check(&what, &closed);
+        check_drained(&what, &bus, || outer + reached.load(Ordering::SeqCst));
+        assert_eq!(count.load(Ordering::SeqCst), 9, "{what}");
+    }
+}
+
+/// (a3) Any number of workers: a publish to another topic that the
+/// closer's worker took off its queue while gathering a batch (it did not
+/// fit, so it waits to run next on that worker) cannot run before that
+/// handler returns. Another topic's home is the same worker when
+/// `workers - 1` other routes were made between.
+#[test]
+fn close_from_a_sync_handler_with_another_topic_taken_behind_it() {
+    for workers in [1, 2, 3] {
+        for ordered in [false, true] {
+            let what = format!("workers: {workers}, ordered: {ordered}");
+            let bus = builder(DeliveryMode::WorkerPool, workers).build().unwrap();
+            let (_closer, closed) = closer(&bus, "t", 0, ordered);
+            let (_others, _count) = counters(&bus, "u", 3);
+            // Routes get homes in turn: "t" first, then fillers, then "u".
+            assert!(bus.has_subscribers("t"));
+            for filler in 1..workers {
+                assert!(!bus.has_subscribers(&format!("filler/{filler}")));
+            }
+            assert!(bus.has_subscribers("u"));
+            // Queued together, before the worker wakes (most times).
+            let reached = bus.publish("t", 0).unwrap() + bus.publish("u", 1).unwrap();
+            check(&what, &closed);
+            check_drained(&what, &bus, || reached as u64);
+        }
     }
 }

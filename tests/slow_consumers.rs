@@ -358,6 +358,48 @@ fn tasks_single_above_threshold_slow_handler_delays_its_publish_only() {
     above_threshold_single(DeliveryMode::TaskPerSubscriber);
 }
 
+/// `WorkerPool`: a publish to another topic with the same home worker,
+/// queued right behind a publish whose handler blocks, runs on the other
+/// worker while it blocks, wherever it waited: still in the queue, or
+/// already taken off it by the blocked worker (it did not fit that
+/// worker's batch, so it was to run next there). It used to wait for the
+/// handler in the second case.
+#[test]
+fn worker_pool_slow_handler_holds_up_no_other_topic_behind_it() {
+    let rt = runtime(2);
+    let bus = bus(DeliveryMode::WorkerPool, Batch::Chunked, 16, &rt);
+    let other_ran = Arc::new(Countdown::new());
+    let verdicts = Arc::new(Mutex::new(Vec::new()));
+    let _slow = {
+        let (other_ran, verdicts) = (Arc::clone(&other_ran), Arc::clone(&verdicts));
+        bus.subscribe("slow/t", move |m: &Message<u32>| {
+            let ok = other_ran.wait_for(*m.data() as usize + 1, WAIT);
+            verdicts.lock().unwrap().push(ok);
+        })
+        .unwrap()
+    };
+    let _other = {
+        let other_ran = Arc::clone(&other_ran);
+        bus.subscribe("slow/u", move |_: &Message<u32>| other_ran.arrive())
+            .unwrap()
+    };
+    // Routes get homes in turn: "slow/t" and "slow/u" share worker 0 of 2.
+    assert!(bus.has_subscribers("slow/t"));
+    assert!(!bus.has_subscribers("slow/filler"));
+    assert!(bus.has_subscribers("slow/u"));
+    for round in 0..20 {
+        // Back to back, mostly queued before the worker wakes up.
+        bus.publish("slow/t", round).unwrap();
+        bus.publish("slow/u", round).unwrap();
+        assert!(wait_until(WAIT * 2, || bus.inflight_messages() == 0));
+        assert_eq!(
+            verdicts.lock().unwrap().last(),
+            Some(&true),
+            "round {round}: the other topic's publish waited for the handler"
+        );
+    }
+}
+
 /// `Inline`: every handler runs on the publisher's thread before `publish`
 /// returns, so a slow one delays the publisher and the handlers after it.
 #[test]

@@ -33,7 +33,11 @@
 //!   `STALL`. Taking at once, as an idle worker did before, put two cores
 //!   on one topic's handlers during every burst.
 //! - No work is left queued, or unclaimed in a running batch, behind a
-//!   stalled worker while another waits for ever. A worker that announces
+//!   stalled worker while another waits for ever. That includes the one
+//!   publish a worker took off its queue while gathering a batch it did not
+//!   fit: it waits for that worker in the worker's `next` slot, where the
+//!   others take it as they would its queue's head (kept on the worker's
+//!   stack, it waited for the blocked handler). A worker that announces
 //!   its wait looks once more for such work of a worker that is not
 //!   waiting, and watches it instead of waiting; a publisher that queues
 //!   for a busy worker, or a worker about to run something with more
@@ -57,6 +61,12 @@
 //! publisher runs the job itself rather than wait for ever. A worker that
 //! is only slow is waited for. `Drop` and `Error` count the deliveries as
 //! dropped.
+//!
+//! A `close` called from inside a handler waits on a thread of its own,
+//! which stands in for the workers meanwhile: it takes what a stalled
+//! worker is held up on, as an idle worker would, and runs it. The handler
+//! may hold up its worker with publishes queued behind it that `close`
+//! waits for; in a pool of one worker, nobody else could run them.
 //!
 //! Stopping sets a flag and wakes every worker and every waiting publisher
 //! (which then runs its job itself); a worker stops once every queue is
@@ -175,6 +185,18 @@ impl<T: Send + Sync + 'static> Pool<T> {
             env,
             place: Place::Publisher,
         }
+    }
+}
+
+impl<T: Send + Sync + 'static> Pool<T> {
+    /// A step for a `close` waiting from inside a handler, on the thread it
+    /// waits on: runs one piece of work a stalled worker is held up on, if
+    /// any, and says whether it did. The handler may be holding up a worker
+    /// with work queued behind it that `close` waits for and no other
+    /// worker could take: in a pool of one, nobody else could.
+    pub(crate) fn stand_in<'a>(&'a self, env: &'a Arc<Env>) -> impl FnMut() -> bool + 'a {
+        let mut watch = vec![None; self.shared.queues.len()];
+        move || worker::stand_in(&self.shared, env, &mut watch)
     }
 }
 

@@ -68,6 +68,15 @@ pub(super) struct Shared<T> {
     /// (a batch, or a lone job that claims), for a worker that finds it
     /// stalled. Only the worker itself puts it in or takes it out.
     pub(super) running: Vec<CachePadded<Mutex<Option<Joinable<T>>>>>,
+    /// Per worker: a work ticket it took off a queue while gathering a
+    /// batch that the ticket did not fit, to run next. Kept here rather
+    /// than on the worker's stack so that, if what the worker runs first
+    /// blocks, whoever would take the worker's queue takes this first.
+    /// Only the worker itself puts one in.
+    pub(super) next: Vec<CachePadded<Mutex<Option<Ticket<T>>>>>,
+    /// Per worker: whether its `next` holds a ticket, read without the
+    /// lock. Changed only under it.
+    pub(super) has_next: Vec<CachePadded<AtomicBool>>,
     /// A job that wants another runner (units left, room for one more): a
     /// worker about to wait takes it instead. Posted by a runner's claim,
     /// taken by whoever looks first; a newer one replaces it (the older
@@ -236,25 +245,52 @@ impl<T> Shared<T> {
     /// announces its wait, one of the two always sees the other.
     ///
     /// The same holds for work `me` is about to run that another worker
-    /// could join (`joinable`): a handler in it may block the rest.
+    /// could join (`joinable`), and for a ticket in its `next`: a handler
+    /// in what it runs first may block the rest.
     pub(super) fn share_rest(&self, me: usize, joinable: bool) {
-        if joinable || self.queued_work(me) > 0 {
+        if joinable || self.queued_work(me) > 0 || self.has_next(me) {
             if let Some(helper) = self.take_waiting(me) {
                 self.wake(helper);
             }
         }
     }
 
-    /// Whether a queue other than `me`'s holds work, or its worker runs
-    /// work with units left to claim, while that worker is not
+    /// Whether a queue other than `me`'s holds work (or its worker's
+    /// `next` does), or its worker runs work with units left to claim,
+    /// while that worker is not
     /// waiting (it is busy, perhaps in a slow handler): looked at by a
     /// worker after announcing its wait, which then watches it instead.
     pub(super) fn stranded_work(&self, me: usize) -> bool {
         (0..self.queues.len()).any(|other| {
             other != me
                 && !self.waiting[other].load(Ordering::SeqCst)
-                && (self.queued_work(other) > 0 || self.runs_joinable(other))
+                && (self.queued_work(other) > 0
+                    || self.has_next(other)
+                    || self.runs_joinable(other))
         })
+    }
+
+    /// Puts `ticket` in worker `me`'s `next` (empty: `me` takes what it
+    /// put there before gathering again).
+    pub(super) fn put_next(&self, me: usize, ticket: Ticket<T>) {
+        let mut next = self.next[me].lock().unwrap_or_else(|e| e.into_inner());
+        *next = Some(ticket);
+        self.has_next[me].store(true, Ordering::SeqCst);
+    }
+
+    /// Whether `worker`'s `next` holds a ticket.
+    pub(super) fn has_next(&self, worker: usize) -> bool {
+        self.has_next[worker].load(Ordering::SeqCst)
+    }
+
+    /// Takes the ticket in `worker`'s `next`, if any.
+    pub(super) fn take_next(&self, worker: usize) -> Option<Ticket<T>> {
+        if !self.has_next(worker) {
+            return None;
+        }
+        let mut next = self.next[worker].lock().unwrap_or_else(|e| e.into_inner());
+        self.has_next[worker].store(false, Ordering::SeqCst);
+        next.take()
     }
 
     pub(super) fn lock_running(&self, worker: usize) -> MutexGuard<'_, Option<Joinable<T>>> {
@@ -412,6 +448,10 @@ impl<T> Shared<T> {
             running: (0..workers)
                 .map(|_| CachePadded::new(Mutex::new(None)))
                 .collect(),
+            next: (0..workers)
+                .map(|_| CachePadded::new(Mutex::new(None)))
+                .collect(),
+            has_next: flags(false),
             waiting: flags(false),
             free: flags(true),
             wanted: Mutex::new(None),

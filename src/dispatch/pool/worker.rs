@@ -1,13 +1,14 @@
-//! A pool worker's loop: where it finds its next ticket (its own queue
-//! first, then a stalled worker's running work or queue, then the posted
-//! job, then it waits), and how it runs what it took (a batch of the
-//! publishes queued behind one another, or a lone job that claims).
+//! A pool worker's loop: where it finds its next ticket (its `next`, its
+//! own queue, then a stalled worker's running work, `next` or queue, then
+//! the posted job, then it waits), and how it runs what it took (a batch of
+//! the publishes queued behind one another, or a lone job that claims).
+//! Also the stand-in that a `close` waiting from inside a handler runs.
 //!
 //! # Contract
-//! - A worker takes from another only what that worker is held up on:
-//!   work it has started nothing new of for [`STALL`], joined or taken at
-//!   most half at a time (the owner keeps the rest); or anything once the
-//!   pool is stopping.
+//! - A worker (or the stand-in) takes from another only what that worker
+//!   is held up on: work it has started nothing new of for [`STALL`],
+//!   joined or taken at most half at a time (the owner keeps the rest); or
+//!   anything once the pool is stopping.
 //! - A worker about to wait looks once more for stranded work and for the
 //!   posted job after announcing its wait (see `shared.rs`).
 //! - A worker stops only once stopping and every queue is empty, so
@@ -37,15 +38,12 @@ pub(super) enum Elsewhere<T> {
 pub(super) fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<Env>) {
     worker_mark::set();
     let mut watch: Watch = vec![None; shared.queues.len()];
-    // A ticket taken while gathering a batch that did not fit it.
+    // A ticket taken while gathering a batch that did not fit it, until it
+    // goes to `next` (see `Shared::next`).
     let mut stash = None;
     // The last batch's allocation, for the next.
     let mut spare = None;
-    while let Some((ticket, from)) = stash
-        .take()
-        .map(|ticket| (ticket, me))
-        .or_else(|| next_ticket(me, shared, &mut watch))
-    {
+    while let Some((ticket, from)) = next_ticket(me, shared, &mut watch) {
         let (job, whole) = match ticket {
             Ticket::Run(job) => {
                 let whole = job.has_one_claiming_runner();
@@ -63,6 +61,9 @@ pub(super) fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>,
         } else {
             Jobs::new()
         };
+        if let Some(ticket) = stash.take() {
+            shared.put_next(me, ticket);
+        }
         if jobs.len() > 1 {
             let batch = batch_of(&mut spare, jobs);
             let shown = (job.total() > 1).then(|| Joinable::Batch(Arc::clone(&batch)));
@@ -215,15 +216,18 @@ pub(super) fn gather_batch<T: Send + Sync + 'static>(
     jobs
 }
 
-/// The next ticket for worker `me`: its own queue first, then a stalled
-/// worker's; waits on its own when there is nothing to take. `None` once
-/// stopping and all empty.
+/// The next ticket for worker `me`: its `next`, its own queue, then a
+/// stalled worker's; waits on its own when there is nothing to take.
+/// `None` once stopping and all empty.
 fn next_ticket<T: Send + Sync + 'static>(
     me: usize,
     shared: &Shared<T>,
     watch: &mut Watch,
 ) -> Option<(Ticket<T>, usize)> {
-    let ticket = look_for_ticket(me, shared, watch);
+    let ticket = shared
+        .take_next(me)
+        .map(|ticket| (ticket, me))
+        .or_else(|| look_for_ticket(me, shared, watch));
     // A wake-up is no work: the worker stays free through it.
     let work = matches!(
         ticket,
@@ -306,20 +310,35 @@ fn take_own<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> Option<(
     None
 }
 
-/// Work of another worker that is not waiting, in the batch it runs or
-/// queued to it: joined or taken if that worker is stalled (or, for queued
-/// work, the pool is stopping), else watched.
+/// Work of another worker that is not waiting, in the batch it runs, in
+/// its `next` or queued to it: joined or taken if that worker is stalled
+/// (or, for queued work, the pool is stopping), else watched.
 pub(super) fn take_elsewhere<T: Send + Sync + 'static>(
     me: usize,
     shared: &Shared<T>,
     watch: &mut Watch,
 ) -> Elsewhere<T> {
     let workers = shared.tickets.len();
+    take_from(
+        (1..workers).map(|offset| (me + offset) % workers),
+        shared,
+        watch,
+    )
+}
+
+/// [`take_elsewhere`] from the workers `others`.
+fn take_from<T: Send + Sync + 'static>(
+    others: impl Iterator<Item = usize>,
+    shared: &Shared<T>,
+    watch: &mut Watch,
+) -> Elsewhere<T> {
     let stopping = shared.stopping.load(Ordering::SeqCst);
     let mut watching = false;
-    for other in (1..workers).map(|offset| (me + offset) % workers) {
+    for other in others {
         let queued = shared.queued_work(other) > 0;
-        if shared.waiting[other].load(Ordering::SeqCst) || !(queued || shared.runs_joinable(other))
+        let next = shared.has_next(other);
+        if shared.waiting[other].load(Ordering::SeqCst)
+            || !(queued || next || shared.runs_joinable(other))
         {
             // A waiting worker takes its own: what it was woken for must
             // still be there.
@@ -333,6 +352,10 @@ pub(super) fn take_elsewhere<T: Send + Sync + 'static>(
         // What its running work has left is held up now; what is queued,
         // after it.
         if let Some(ticket) = shared.joinable(other) {
+            return Elsewhere::Took(ticket, other);
+        }
+        if let Some(ticket) = next.then(|| shared.take_next(other)).flatten() {
+            watch[other] = None;
             return Elsewhere::Took(ticket, other);
         }
         if !queued {
@@ -365,6 +388,28 @@ pub(super) fn take_elsewhere<T: Send + Sync + 'static>(
     } else {
         Elsewhere::Nothing
     }
+}
+
+/// Runs, on a thread that is no worker (a `close` waiting from inside a
+/// handler, which may hold up a worker: in a pool of one, the only one),
+/// one piece of work a stalled worker is held up on, as a worker with
+/// nothing of its own would take it (see [`take_elsewhere`]): what that
+/// worker runs and another may join, its `next`, or its queue's head, run
+/// alone. Returns whether it ran any.
+pub(super) fn stand_in<T: Send + Sync + 'static>(
+    shared: &Shared<T>,
+    env: &Arc<Env>,
+    watch: &mut Watch,
+) -> bool {
+    let Elsewhere::Took(ticket, _) = take_from(0..shared.queues.len(), shared, watch) else {
+        return false;
+    };
+    match ticket {
+        Ticket::Run(job) | Ticket::Help(job) => run_job(&job, shared, env),
+        Ticket::Join(batch) => run_batch(&batch, shared, env),
+        Ticket::Wake => {}
+    }
+    true
 }
 
 /// Worker `me` no longer waits (woken, or it found work after announcing).
