@@ -1072,18 +1072,37 @@ impl<T: Send + Sync + 'static> Bus<T> {
             .spawn(move || {
                 let timeout = waiter.config.close_timeout;
                 let counters = &waiter.env.counters;
-                let _ = done.send(if from_handler {
+                if !from_handler {
+                    let _ = done.send(counters.wait_drained_unless(timeout, &flag));
+                    return;
+                }
+                let stop = std::sync::atomic::AtomicBool::new(false);
+                std::thread::scope(|scope| {
                     // The caller may hold up a pool worker with work queued
-                    // behind it: this thread runs it if nobody else can.
-                    let help = waiter.dispatcher.stand_in(&waiter.env);
-                    counters.wait_drained_except(
-                        || caller.own_now(own_tokens),
-                        timeout,
-                        &flag,
-                        help,
-                    )
-                } else {
-                    counters.wait_drained_unless(timeout, &flag)
+                    // behind it: a thread of its own runs that work if
+                    // nobody else can. Not this one: a handler it runs may
+                    // block, and this one must give up at the timeout.
+                    if let Some(mut stand_in) = waiter.dispatcher.stand_in(&waiter.env) {
+                        let stop = &stop;
+                        let spawned = std::thread::Builder::new()
+                            .name("blazesub-close-stand-in".into())
+                            .spawn_scoped(scope, move || {
+                                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                                    if !stand_in() {
+                                        std::thread::sleep(Duration::from_millis(1));
+                                    }
+                                }
+                            });
+                        if let Err(error) = spawned {
+                            tracing::warn!(%error, "close: no thread to run held-up work");
+                        }
+                    }
+                    let result =
+                        counters.wait_drained_except(|| caller.own_now(own_tokens), timeout, &flag);
+                    stop.store(true, std::sync::atomic::Ordering::Release);
+                    // Before the scope waits for the stand-in, which may be
+                    // in a handler that blocks.
+                    let _ = done.send(result);
                 });
             })
             .map_err(Error::Spawn)?;

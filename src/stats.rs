@@ -477,15 +477,13 @@ impl Counters {
     /// Blocks until everything accepted has finished except what the
     /// caller's own stack holds (`own()`: publishes in progress and
     /// deliveries, as of now: a handler closing the bus), or `timeout`
-    /// passes. Meanwhile it calls `help`, which runs work the caller may be
-    /// holding up and says whether it ran any. Polls: this path is for the
-    /// rare close from inside a handler.
+    /// passes. Polls: this path is for the rare close from inside a
+    /// handler.
     pub(crate) fn wait_drained_except(
         &self,
         own: impl Fn() -> (u64, u64),
         timeout: Duration,
         abandoned: &std::sync::atomic::AtomicBool,
-        mut help: impl FnMut() -> bool,
     ) -> Result<(), Error> {
         let started = crate::sync::now();
         loop {
@@ -508,9 +506,7 @@ impl Counters {
                     inflight: self.inflight(),
                 });
             }
-            if !help() {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 

@@ -394,3 +394,44 @@ fn close_from_a_sync_handler_with_another_topic_taken_behind_it() {
         }
     }
 }
+
+/// (a5) While a `close` from a handler waits, the work it runs in place of
+/// a stalled worker may block too: `close` still gives up at its
+/// `close_timeout`, and everything runs once let go.
+#[test]
+fn close_from_a_sync_handler_still_times_out_when_the_held_up_work_blocks() {
+    let bus = builder(DeliveryMode::WorkerPool, 2)
+        .close_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (_closer, closed) = closer(&bus, "t", 0, false);
+    let (started, has_started) = std::sync::mpsc::sync_channel(3);
+    let _blocker = {
+        let released = Arc::clone(&released);
+        bus.subscribe("s", move |_| {
+            let _ = started.try_send(());
+            let limit = Instant::now() + LIMIT;
+            while !released.load(Ordering::SeqCst) && Instant::now() < limit {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+        .unwrap()
+    };
+    // Routes get homes in turn: "t" on worker 0, "s" on worker 1.
+    assert!(bus.has_subscribers("t"));
+    assert!(bus.has_subscribers("s"));
+    // Worker 1 blocks in the first; the others wait in its queue.
+    let mut reached = bus.publish("s", 0).unwrap();
+    has_started.recv_timeout(LIMIT).unwrap();
+    reached += (1..3).map(|i| bus.publish("s", i).unwrap()).sum::<usize>();
+    reached += bus.publish("t", 0).unwrap();
+    let (result, took) = closed.recv_timeout(LIMIT).expect("close never returned");
+    released.store(true, Ordering::SeqCst);
+    assert!(
+        matches!(result, Err(Error::CloseTimeout { .. })),
+        "{result:?} after {took:?}"
+    );
+    assert!(took < PROMPT, "close took {took:?}");
+    check_drained("after the release", &bus, || reached as u64);
+}

@@ -270,12 +270,14 @@ impl<T: Send + Sync + 'static> Dispatcher<T> {
     /// piece of work a stalled pool worker is held up on (see
     /// `Pool::stand_in`), returning whether it ran any. Other modes have
     /// none: their handlers hold up no queue.
-    pub(crate) fn stand_in<'a>(&'a self, env: &'a Arc<Env>) -> impl FnMut() -> bool + 'a {
-        let mut pool = match self {
+    pub(crate) fn stand_in<'a>(
+        &'a self,
+        env: &'a Arc<Env>,
+    ) -> Option<impl FnMut() -> bool + Send + 'a> {
+        match self {
             Dispatcher::Pool(pool) => Some(pool.stand_in(env)),
             Dispatcher::Tasks(_) | Dispatcher::Inline => None,
-        };
-        move || pool.as_mut().is_some_and(|step| step())
+        }
     }
 
     /// Stops accepting work once everything queued has run (after `close`).

@@ -62,9 +62,9 @@
 //! is only slow is waited for. `Drop` and `Error` count the deliveries as
 //! dropped.
 //!
-//! A `close` called from inside a handler waits on a thread of its own,
-//! which stands in for the workers meanwhile: it takes what a stalled
-//! worker is held up on, as an idle worker would, and runs it. The handler
+//! While a `close` called from inside a handler waits, a thread of its own
+//! stands in for the workers: it takes what a stalled worker is held up
+//! on, as an idle worker would, and runs it. The handler
 //! may hold up its worker with publishes queued behind it that `close`
 //! waits for; in a pool of one worker, nobody else could run them.
 //!
@@ -194,7 +194,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
     /// any, and says whether it did. The handler may be holding up a worker
     /// with work queued behind it that `close` waits for and no other
     /// worker could take: in a pool of one, nobody else could.
-    pub(crate) fn stand_in<'a>(&'a self, env: &'a Arc<Env>) -> impl FnMut() -> bool + 'a {
+    pub(crate) fn stand_in<'a>(&'a self, env: &'a Arc<Env>) -> impl FnMut() -> bool + Send + 'a {
         let mut watch = vec![None; self.shared.queues.len()];
         move || worker::stand_in(&self.shared, env, &mut watch)
     }
