@@ -575,8 +575,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// Errors: [`Error::Topic`] for an invalid topic name, [`Error::Closed`]
     /// after `close`, [`Error::Full`] when a lossless
     /// ([`StreamOverflow::Backpressure`]) stream it reaches has no room (it
-    /// then reaches no one), [`Error::RecursionLimit`] in `Inline` mode for a
-    /// publish nested too deep in handlers' publishes, and
+    /// then reaches no one), [`Error::RecursionLimit`] for a publish nested
+    /// too deep in handlers' publishes run on their publisher's thread
+    /// (`Inline`, or a full queue or task cap running it in place), and
     /// [`Error::Overloaded`] under `Overflow::Error` when deliveries had to
     /// be dropped.
     pub fn publish(&self, topic: &str, data: T) -> Result<usize, Error> {
@@ -730,11 +731,14 @@ impl<T: Send + Sync + 'static> Bus<T> {
         }
     }
 
-    /// In `Inline` mode, refuses a publish nested [`MAX_INLINE_DEPTH`] deep
-    /// in handlers' publishes (counted), before it recurses any further.
+    /// Refuses a publish nested [`MAX_INLINE_DEPTH`] deep in handlers'
+    /// publishes run on their publisher's thread (counted), before it
+    /// recurses any further: every `Inline` publish, and in the other modes
+    /// one its publisher ran itself (a full queue or task cap). A publish
+    /// that is queued runs at depth 0 wherever it runs.
     #[inline]
     pub(crate) fn check_depth(&self, topic: &str) -> Result<(), Error> {
-        if self.inner.policy.is_inline() && inline_depth() >= MAX_INLINE_DEPTH {
+        if inline_depth() >= MAX_INLINE_DEPTH {
             self.inner.env.counters.recursion_refused();
             return Err(Error::RecursionLimit {
                 topic: topic.to_owned(),
@@ -1007,8 +1011,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// else has drained: it does not wait for its own caller. A sync handler
     /// blocking on it holds up the publish it runs in, which is not waited
     /// for either; what is queued behind that publish on a pool worker no
-    /// other worker takes (a pool of one) runs on the thread the close waits
-    /// on. An async handler awaiting it holds up only its own
+    /// other worker takes (a pool of one) runs meanwhile on a thread of the
+    /// close's own, which stands in for the held-up worker (one per pool at
+    /// a time). An async handler awaiting it holds up only its own
     /// delivery (the rest of its publish goes on, and is waited for), and,
     /// for an ordered handler, the messages queued behind that call, which
     /// run once it has returned. Deliveries of other buses are none of this
@@ -1114,7 +1119,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
 
 /// Set when a `close` future is dropped (or done), so the thread it waits
 /// on stops waiting: a `close` in a `select!` loop or retried under a
-/// timeout leaves no thread behind.
+/// timeout leaves no thread behind. (Except a pool's one stand-in, while
+/// a handler it took blocks, and the thread that joins it: see
+/// `Pool::stand_in`.)
 struct Abandoned {
     flag: Arc<std::sync::atomic::AtomicBool>,
     counters: Arc<Counters>,

@@ -90,11 +90,13 @@ pub enum Error {
         capacity: usize,
     },
 
-    /// In `Inline` mode, handlers publishing from inside handlers nested
-    /// deeper than the limit (a handler whose publish reaches itself again):
-    /// this publish was refused, reached no one, and was counted in
+    /// Handlers publishing from inside handlers, each publish run on its
+    /// publisher's thread, nested deeper than the limit (a handler whose
+    /// publish reaches itself again): in `Inline` mode, or in the others
+    /// where a full queue or task cap has the publisher run its publish
+    /// itself. This publish was refused, reached no one, and was counted in
     /// [`Stats::recursion_refused`](crate::Stats::recursion_refused).
-    #[error("publishing to {topic:?} was refused: Inline publishes nested {depth} deep (a handler publishing to a topic that reaches itself?)")]
+    #[error("publishing to {topic:?} was refused: publishes run in place nested {depth} deep (a handler publishing to a topic that reaches itself?)")]
     RecursionLimit {
         /// The topic published to.
         topic: String,

@@ -109,8 +109,10 @@
 //!
 //! Handlers may act on the bus: `publish`, `publish_async`, `subscribe`,
 //! unsubscribing and `close` from inside a handler never deadlock (`close`
-//! then waits for everything but its own caller). In `Inline` mode a handler
-//! whose publishes reach itself again is stopped at 64 nested publishes with
+//! then waits for everything but its own caller). A handler whose publishes
+//! reach itself again on one thread's stack (every publish in `Inline`
+//! mode; in the others, one its publisher runs itself because a queue or
+//! the task cap is full) is stopped at 64 nested publishes with
 //! [`Error::RecursionLimit`] (counted), never a stack overflow.
 //! [`Bus::has_subscribers`] tells a publisher whether anyone listens.
 //!

@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap;
 
 use crate::bus::Bus;
+use crate::dispatch::publish_in_place;
 use crate::error::Error;
 use crate::handles::Receiver;
 use crate::message::Message;
@@ -273,11 +274,13 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// subscription is removed; a reply that comes later is counted in
     /// [`Stats::late_replies`](crate::Stats::late_replies)).
     ///
-    /// From a handler, make requests in an async handler
-    /// ([`Bus::subscribe_async`]): a sync handler that blocks its thread
-    /// until the reply comes holds a `WorkerPool` worker, and once every
-    /// worker is so held the request's own delivery waits behind them and
-    /// the request times out.
+    /// From a handler, prefer an async handler ([`Bus::subscribe_async`]),
+    /// which awaits the reply without holding a thread. A sync handler may
+    /// block on a request where it may block (a `WorkerPool` worker, not a
+    /// tokio worker): a request made on a pool worker runs its own
+    /// deliveries there, on the requester's stack, before it waits, so
+    /// responders that reply from their handlers answer it even when every
+    /// worker is so held (in a pool of one, say).
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
@@ -434,9 +437,16 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let message = self
             .stamp(Arc::clone(&route.topic), data, None)
             .with_reply_to(reply_to);
-        let matched = self
-            .fan_out(admitted, topic, route, Arc::new(message), None)
-            .map_err(|rejected| rejected.error)?;
+        let publish = || self.fan_out(admitted, topic, route, Arc::new(message), None);
+        // On a pool worker (a handler's request; a sync one then blocks
+        // the worker until the reply comes), the request's job runs here:
+        // queued, it could wait behind this very worker.
+        let matched = if crate::sync::worker_mark::is_set() {
+            publish_in_place(&inner.env, publish)
+        } else {
+            publish()
+        }
+        .map_err(|rejected| rejected.error)?;
         if matched == 0 {
             return Err(Error::NoResponders {
                 topic: topic.to_owned(),

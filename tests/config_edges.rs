@@ -12,7 +12,8 @@
 //! filtered to `child_case`), so the parent survives and reports how the
 //! child ended.
 
-use std::process::{Command, Stdio};
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,45 +28,9 @@ fn with(change: impl FnOnce(&mut Config)) -> Config {
     config
 }
 
-/// Runs `case` in a child process; returns (exit code or signal, stderr).
-fn run_child(case: &str, limit: Duration) -> (String, String) {
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new(exe)
-        .args(["child_case", "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, case)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            use std::os::unix::process::ExitStatusExt;
-            let how = match (status.code(), status.signal()) {
-                (Some(code), _) => format!("exit {code}"),
-                (None, Some(sig)) => format!("signal {sig}"),
-                _ => "unknown".into(),
-            };
-            return (how, text);
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            return ("timeout".into(), String::new());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[track_caller]
 fn assert_child_ok(case: &str) {
-    let (how, text) = run_child(case, Duration::from_secs(30));
+    let (how, text) = common::run_child(CHILD_ENV, case, Duration::from_secs(30));
     let tail: String = text
         .lines()
         .filter(|l| {
@@ -271,7 +236,7 @@ fn workers_has_an_upper_bound_in_validate() {
 
 #[test]
 fn workers_1m_tasks_probe() {
-    let (how, text) = run_child("workers_1m_tasks_rss", Duration::from_secs(60));
+    let (how, text) = common::run_child(CHILD_ENV, "workers_1m_tasks_rss", Duration::from_secs(60));
     println!(
         "{how}\n{}",
         text.lines()

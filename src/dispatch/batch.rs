@@ -178,7 +178,8 @@ impl<T: Send + Sync + 'static> Batch<T> {
     /// Claims the next subscriptions for this runner. False when none are
     /// left.
     fn claim(&self, first: &Fanout<T>, env: &Env, p: &mut BatchProgress) -> bool {
-        // A one-worker pool: nobody can join, so all of it at once. A
+        // A one-worker pool: no other worker can join (a `close`'s
+        // stand-in could, but it would find nothing), so all of it at once. A
         // handler that blocks on `close` then holds up the rest of the
         // batch as held by this thread's stack (see `quiesce::held_here`),
         // not unclaimed work `close` would wait for until its timeout.

@@ -14,27 +14,31 @@ use super::{Env, Fanout, Runner};
 use crate::registry::entry::BoxFuture;
 use crate::stats::Tally;
 
-/// How deep `Inline` publishes may nest on one thread (a handler publishing
-/// to a topic that reaches a handler that publishes, and so on). A publish
-/// deeper than this is refused (`Error::RecursionLimit`) and counted, instead
-/// of overflowing the stack.
+/// How deep publishes run on their publisher's thread may nest on one
+/// thread (a handler publishing to a topic that reaches a handler that
+/// publishes, and so on): every `Inline` publish, and in the other modes a
+/// publish its publisher runs itself (a full queue or task cap under
+/// `CallerRuns`, a pool handler's publish to a full queue). A publish
+/// deeper than this is refused (`Error::RecursionLimit`) and counted,
+/// instead of overflowing the stack.
 pub(crate) const MAX_INLINE_DEPTH: usize = 64;
 
 thread_local! {
-    /// `Inline` jobs running on this thread's stack.
+    /// Jobs running on this thread's stack in place (see
+    /// [`MAX_INLINE_DEPTH`]).
     static DEPTH: Cell<usize> = const { Cell::new(0) };
 }
 
-/// `Inline` jobs running on this thread's stack now.
+/// Jobs running on this thread's stack in place now.
 pub(crate) fn depth() -> usize {
     DEPTH.with(Cell::get)
 }
 
 /// Counts this thread one job deeper while it runs.
-struct Deeper;
+pub(crate) struct Deeper;
 
 impl Deeper {
-    fn enter() -> Self {
+    pub(crate) fn enter() -> Self {
         DEPTH.with(|depth| depth.set(depth.get() + 1));
         Self
     }

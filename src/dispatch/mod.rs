@@ -104,6 +104,7 @@ pub(crate) use lane::{Lane, Next, Pushed, Server};
 pub(crate) use lane_watch::LaneWatch;
 pub(crate) use ordered::{start_drains, Ordered};
 pub(crate) use ordered_sink::OrderedSink;
+pub(crate) use pending::publish_in_place;
 pub(crate) use permit::TaskGauge;
 #[cfg(all(test, loom))]
 pub(crate) use pool::STALL;
@@ -275,7 +276,7 @@ impl<T: Send + Sync + 'static> Dispatcher<T> {
         env: &'a Arc<Env>,
     ) -> Option<impl FnMut() -> bool + Send + 'a> {
         match self {
-            Dispatcher::Pool(pool) => Some(pool.stand_in(env)),
+            Dispatcher::Pool(pool) => pool.stand_in(env),
             Dispatcher::Tasks(_) | Dispatcher::Inline => None,
         }
     }
@@ -298,6 +299,9 @@ pub(crate) fn caller_runs<T: Send + Sync + 'static>(
 ) {
     env.counters.caller_ran();
     let mut tally = Tally::default();
+    // On the publisher's stack, like an `Inline` job: its handlers'
+    // publishes nest (see `MAX_INLINE_DEPTH`).
+    let _deeper = inline::Deeper::enter();
     job.run(env, runner, &mut tally);
     env.counters.add(&tally);
 }

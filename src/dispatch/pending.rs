@@ -138,8 +138,20 @@ pub(crate) fn run_unmarked<R>(job: impl FnOnce() -> R) -> R {
     job()
 }
 
+/// Runs `publish` with its job run on this thread, as a publish made by a
+/// delivery a runner waits for is ([`holds_runner_here`]): for a request
+/// made on a pool worker, which then waits for the replies the job's
+/// handlers send. Queued, the job could wait behind the very worker that
+/// waits for it (in a pool of one, for ever). Only the job `publish` makes
+/// runs here: its handlers' own publishes queue as usual.
+pub(crate) fn publish_in_place<R>(env: &Env, publish: impl FnOnce() -> R) -> R {
+    let _mark = HoldingRunner::mark(env);
+    publish()
+}
+
 /// Whether this thread is polling async deliveries a runner of `env`'s bus
-/// waits for (see [`HoldingRunner`]).
+/// waits for (see [`HoldingRunner`]), or publishing in place
+/// ([`publish_in_place`]).
 pub(crate) fn holds_runner_here(env: &Env) -> bool {
     HOLDING_RUNNER.with(Cell::get) == std::ptr::from_ref(env) as usize
 }

@@ -208,6 +208,8 @@ impl<T: Send + Sync + 'static> Tasks<T> {
                     ran = true;
                     env.counters.caller_ran();
                     let mut tally = Tally::default();
+                    // On the publisher's stack: see `caller_runs`.
+                    let _deeper = super::inline::Deeper::enter();
                     work.run(env, &mut runner, &mut tally);
                     env.counters.add(&tally);
                     finished = work.publishes();

@@ -317,3 +317,66 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
         std::thread::park_timeout(Duration::from_millis(10));
     }
 }
+
+/// Runs this test binary's test named `child_case` in a child process with
+/// `env` set to `case` (for what could abort the process: a stack overflow,
+/// a memory bound); gives how it ended ("exit N", "signal N" or "timeout"
+/// after `limit`) and its stdout and stderr.
+pub fn run_child(env: &str, case: &str, limit: Duration) -> (String, String) {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args(["child_case", "--exact", "--nocapture", "--test-threads=1"])
+        .env(env, case)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let how = match (status.code(), status.signal()) {
+                (Some(code), _) => format!("exit {code}"),
+                (None, Some(signal)) => format!("signal {signal}"),
+                _ => "unknown".into(),
+            };
+            return (how, text);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return ("timeout".into(), String::new());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Subscribes `n` handlers of `topic` that each count their calls in one
+/// shared counter.
+pub fn counters(
+    bus: &blazesub::Bus<u32>,
+    topic: &str,
+    n: usize,
+) -> (
+    Vec<blazesub::Subscription>,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let subs = (0..n)
+        .map(|_| {
+            let count = std::sync::Arc::clone(&count);
+            bus.subscribe(topic, move |_| {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            })
+            .unwrap()
+        })
+        .collect();
+    (subs, count)
+}

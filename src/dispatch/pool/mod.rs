@@ -94,7 +94,7 @@ use crate::config::Overflow;
 use crate::error::Error;
 use crate::registry::entry::BoxFuture;
 use crate::stats::Tally;
-use crate::sync::{thread, worker_mark, AtomicUsize, Ordering};
+use crate::sync::{thread, worker_mark, AtomicBool, AtomicUsize, Ordering};
 
 /// How long a worker may start nothing new, with work queued behind it,
 /// before an idle worker takes some of that work. Long enough that a burst
@@ -112,6 +112,10 @@ pub(crate) struct Pool<T> {
     shared: Arc<Shared<T>>,
     /// Turns for the units of `Batch::Single` below the threshold.
     turn: AtomicUsize,
+    /// Whether a stand-in is out (see [`Pool::stand_in`]): at most one at
+    /// a time, however many `close` calls wait from handlers (one retried
+    /// under a timeout starts a waiter each time).
+    standing_in: AtomicBool,
 }
 
 impl<T: Send + Sync + 'static> Pool<T> {
@@ -120,6 +124,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
         let pool = Self {
             shared: Arc::new(Shared::new(workers, per_worker)),
             turn: AtomicUsize::new(0),
+            standing_in: AtomicBool::new(false),
         };
         for index in 0..workers {
             let shared = Arc::clone(&pool.shared);
@@ -189,14 +194,37 @@ impl<T: Send + Sync + 'static> Pool<T> {
 }
 
 impl<T: Send + Sync + 'static> Pool<T> {
-    /// A step for a `close` waiting from inside a handler, on the thread it
-    /// waits on: runs one piece of work a stalled worker is held up on, if
-    /// any, and says whether it did. The handler may be holding up a worker
-    /// with work queued behind it that `close` waits for and no other
-    /// worker could take: in a pool of one, nobody else could.
-    pub(crate) fn stand_in<'a>(&'a self, env: &'a Arc<Env>) -> impl FnMut() -> bool + Send + 'a {
+    /// A step for the stand-in of a `close` waiting from inside a handler
+    /// (a thread of its own, beside the one `close` waits on): runs one
+    /// piece of work a stalled worker is held up on, if any, and says
+    /// whether it did. The handler may be holding up a worker with work
+    /// queued behind it that `close` waits for and no other worker could
+    /// take: in a pool of one, nobody else could.
+    ///
+    /// `None` while another stand-in is out: the thread running it may be
+    /// blocked in a handler it took, and each more would take one more
+    /// held-up publish onto a thread of its own (a `close` retried under a
+    /// timeout from a handler would add one each time).
+    pub(crate) fn stand_in<'a>(
+        &'a self,
+        env: &'a Arc<Env>,
+    ) -> Option<impl FnMut() -> bool + Send + 'a> {
+        /// Lets the next stand-in out when this one is dropped.
+        struct Out<'a>(&'a AtomicBool);
+        impl Drop for Out<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::SeqCst);
+            }
+        }
+        if self.standing_in.swap(true, Ordering::SeqCst) {
+            return None;
+        }
+        let out = Out(&self.standing_in);
         let mut watch = vec![None; self.shared.queues.len()];
-        move || worker::stand_in(&self.shared, env, &mut watch)
+        Some(move || {
+            let _out = &out;
+            worker::stand_in(&self.shared, env, &mut watch)
+        })
     }
 }
 

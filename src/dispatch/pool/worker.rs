@@ -401,9 +401,15 @@ pub(super) fn stand_in<T: Send + Sync + 'static>(
     env: &Arc<Env>,
     watch: &mut Watch,
 ) -> bool {
-    let Elsewhere::Took(ticket, _) = take_from(0..shared.queues.len(), shared, watch) else {
+    let before = watch.clone();
+    let Elsewhere::Took(ticket, from) = take_from(0..shared.queues.len(), shared, watch) else {
         return false;
     };
+    // The worker it took from is still held up (its started count has not
+    // moved): keep watching it from then, not anew, or every ticket taken
+    // costs another `STALL` and a burst queued behind the caller drains at
+    // one ticket a millisecond.
+    watch[from] = before[from];
     match ticket {
         Ticket::Run(job) | Ticket::Help(job) => run_job(&job, shared, env),
         Ticket::Join(batch) => run_batch(&batch, shared, env),
