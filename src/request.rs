@@ -277,10 +277,15 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// From a handler, prefer an async handler ([`Bus::subscribe_async`]),
     /// which awaits the reply without holding a thread. A sync handler may
     /// block on a request where it may block (a `WorkerPool` worker, not a
-    /// tokio worker): a request made on a pool worker runs its own
-    /// deliveries there, on the requester's stack, before it waits, so
-    /// responders that reply from their handlers answer it even when every
-    /// worker is so held (in a pool of one, say).
+    /// tokio worker). A request made on a pool worker whose job would queue
+    /// behind that very worker (the pool has one worker, or the topic's
+    /// home is this one) runs its deliveries there, on the requester's
+    /// stack, before it waits (for an async handler, in its first poll):
+    /// responders that reply from their handlers have answered by then,
+    /// and a responder that takes long holds the request past its
+    /// `timeout`. Any other request queues its job and keeps its deadline;
+    /// if every worker that could run it is blocked the same way, it times
+    /// out.
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
@@ -437,11 +442,12 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let message = self
             .stamp(Arc::clone(&route.topic), data, None)
             .with_reply_to(reply_to);
+        let in_place = inner.dispatcher.runs_request_here(route.home);
         let publish = || self.fan_out(admitted, topic, route, Arc::new(message), None);
-        // On a pool worker (a handler's request; a sync one then blocks
-        // the worker until the reply comes), the request's job runs here:
-        // queued, it could wait behind this very worker.
-        let matched = if crate::sync::worker_mark::is_set() {
+        // A request on a pool worker whose job would queue behind that very
+        // worker (which a sync handler then blocks until the reply comes):
+        // the job runs here.
+        let matched = if in_place {
             publish_in_place(&inner.env, publish)
         } else {
             publish()

@@ -93,7 +93,7 @@ use rustc_hash::FxHashMap;
 
 use crate::bus::Bus;
 use crate::config::Config;
-use crate::dispatch::{deliver_now, start_drains, Ordered, OrderedSink};
+use crate::dispatch::{deliver_now, start_drains, InlineDeeper, Ordered, OrderedSink};
 use crate::error::{Error, Rejected};
 use crate::handles::{Receiver, Subscription};
 use crate::message::{Message, Metadata};
@@ -762,6 +762,11 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ) -> Result<Subscription, Error> {
         let inner = &*self.inner;
         let env = &inner.env;
+        // A retained snapshot runs on this thread's stack, like an `Inline`
+        // publish: a handler that subscribes from its snapshot call nests.
+        if inner.retained.in_use() {
+            self.check_depth(filter)?;
+        }
         let mut sink = Some(sink);
         let mut made: Option<(Arc<dyn EntryControl>, Arc<str>)> = None;
         let mut primed: Option<Arc<Subscriber<T, Primed<T, S>>>> = None;
@@ -840,6 +845,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let (control, filter) = made.expect("the trie made the entry");
         let subscription = self.handle(control, filter, Kind::Handlers);
         if let Some(entry) = primed {
+            let _deeper = InlineDeeper::enter();
             for origin in &snapshot.messages {
                 let copy = Arc::new(Message::retained_copy(origin));
                 deliver_now(&entry.sink.inner, &copy, env, running.as_mut());
@@ -884,6 +890,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
     {
         let inner = &*self.inner;
         let counters = &inner.env.counters;
+        if inner.retained.in_use() {
+            self.check_depth(filter)?;
+        }
         // Work in progress until the snapshot has run: `close` waits for it.
         let running = counters.begin_publish()?;
         let mut garbage = Garbage::new();
@@ -928,7 +937,10 @@ impl<T: Send + Sync + 'static> Bus<T> {
                 .iter()
                 .map(|origin| Arc::new(Message::retained_copy(origin)))
                 .collect();
-            let ran = entry.sink.run_snapshot(&copies);
+            let ran = {
+                let _deeper = InlineDeeper::enter();
+                entry.sink.run_snapshot(&copies)
+            };
             counters.add(&Tally {
                 finished: 0,
                 delivered: ran.delivered.into(),

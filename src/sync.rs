@@ -247,25 +247,36 @@ pub(crate) mod queue {
     }
 }
 
-/// Threads the bus starts (the pool's workers).
 /// Marks the threads of the worker pools: a publish made there never waits
-/// for a pool's room (`Overflow::Wait`), since the room may be its own.
+/// for a pool's room (`Overflow::Wait`), since the room may be its own, and
+/// a request made there runs its job in place when it would queue behind
+/// the requester itself.
 pub(crate) mod worker_mark {
     use std::cell::Cell;
 
+    // The pool (a non-zero key) and the worker's index in it; (0, 0) off
+    // the pools.
     #[cfg(not(loom))]
-    std::thread_local!(static ON_WORKER: Cell<bool> = const { Cell::new(false) });
+    std::thread_local!(static WORKER_OF: Cell<(usize, usize)> = const { Cell::new((0, 0)) });
     #[cfg(loom)]
-    loom::thread_local!(static ON_WORKER: Cell<bool> = Cell::new(false));
+    loom::thread_local!(static WORKER_OF: Cell<(usize, usize)> = Cell::new((0, 0)));
 
-    /// Marks the calling thread as a pool worker, for its whole life.
-    pub(crate) fn set() {
-        ON_WORKER.with(|on| on.set(true));
+    /// Marks the calling thread as worker `index` of the pool `pool` (a
+    /// non-zero key), for its whole life.
+    pub(crate) fn set(pool: usize, index: usize) {
+        WORKER_OF.with(|of| of.set((pool, index)));
     }
 
-    /// Whether the calling thread is a pool worker.
+    /// Whether the calling thread is a worker of any pool.
     pub(crate) fn is_set() -> bool {
-        ON_WORKER.with(Cell::get)
+        WORKER_OF.with(Cell::get).0 != 0
+    }
+
+    /// This thread's index among the workers of the pool `pool`, if it is
+    /// one of them.
+    pub(crate) fn index_in(pool: usize) -> Option<usize> {
+        let (of, index) = WORKER_OF.with(Cell::get);
+        (of != 0 && of == pool).then_some(index)
     }
 }
 

@@ -96,7 +96,7 @@ pub(crate) use direct::deliver_now;
 pub(crate) use fanout::{Fanout, Runner};
 pub(crate) use inline::{
     depth as inline_depth, next_depth as next_inline_depth, AtLeast as InlineAtLeast,
-    MAX_INLINE_DEPTH,
+    Deeper as InlineDeeper, MAX_INLINE_DEPTH,
 };
 #[cfg(all(test, loom))]
 pub(crate) use lane::{Lane, Next, Pushed, Server};
@@ -278,6 +278,15 @@ impl<T: Send + Sync + 'static> Dispatcher<T> {
         match self {
             Dispatcher::Pool(pool) => pool.stand_in(env),
             Dispatcher::Tasks(_) | Dispatcher::Inline => None,
+        }
+    }
+
+    /// Whether a request to a route with `home`, made on this thread, runs
+    /// its job here (see `Pool::runs_request_here`).
+    pub(crate) fn runs_request_here(&self, home: usize) -> bool {
+        match self {
+            Dispatcher::Pool(pool) => pool.runs_request_here(home),
+            Dispatcher::Tasks(_) | Dispatcher::Inline => false,
         }
     }
 

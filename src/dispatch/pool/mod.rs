@@ -194,6 +194,23 @@ impl<T: Send + Sync + 'static> Pool<T> {
 }
 
 impl<T: Send + Sync + 'static> Pool<T> {
+    /// Whether a request made on this thread to a route with `home` runs
+    /// its job here: this thread is a worker of this pool, and the job
+    /// would queue behind it (its own queue, or the only one). A sync
+    /// handler blocking on the request would otherwise wait for its own
+    /// queue: in a pool of one, for ever; with more workers, until another
+    /// takes over from it after [`STALL`], if one is free. An async
+    /// handler's first poll is no different: at the task cap, this worker
+    /// finishes that delivery itself, blocking on it (a first build that
+    /// left first polls out timed out there, two workers at a cap of two).
+    pub(crate) fn runs_request_here(&self, home: usize) -> bool {
+        let workers = self.shared.queues.len();
+        worker_mark::index_in(self.shared.key())
+            .is_some_and(|me| workers == 1 || home % workers == me)
+    }
+}
+
+impl<T: Send + Sync + 'static> Pool<T> {
     /// A step for the stand-in of a `close` waiting from inside a handler
     /// (a thread of its own, beside the one `close` waits on): runs one
     /// piece of work a stalled worker is held up on, if any, and says

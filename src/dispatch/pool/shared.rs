@@ -424,6 +424,12 @@ impl<T> Shared<T> {
 }
 
 impl<T> Shared<T> {
+    /// This pool's name for [`worker_mark`](crate::sync::worker_mark): its
+    /// address, which no other live pool shares.
+    pub(super) fn key(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+
     pub(super) fn new(workers: usize, per_worker: usize) -> Self {
         let (queues, tickets) = (0..workers)
             .map(|_| channel::bounded(per_worker.saturating_add(WAKE_ROOM)))

@@ -36,7 +36,7 @@ pub(super) enum Elsewhere<T> {
 }
 
 pub(super) fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<Env>) {
-    worker_mark::set();
+    worker_mark::set(shared.key(), me);
     let mut watch: Watch = vec![None; shared.queues.len()];
     // A ticket taken while gathering a batch that did not fit it, until it
     // goes to `next` (see `Shared::next`).
