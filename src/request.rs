@@ -277,15 +277,15 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// From a handler, prefer an async handler ([`Bus::subscribe_async`]),
     /// which awaits the reply without holding a thread. A sync handler may
     /// block on a request where it may block (a `WorkerPool` worker, not a
-    /// tokio worker). A request made on a pool worker whose job would queue
-    /// behind that very worker (the pool has one worker, or the topic's
-    /// home is this one) runs its deliveries there, on the requester's
-    /// stack, before it waits (for an async handler, in its first poll):
+    /// tokio worker). A request a sync handler makes on a pool worker runs
+    /// its deliveries there, on the requester's stack, before it waits:
     /// responders that reply from their handlers have answered by then,
-    /// and a responder that takes long holds the request past its
-    /// `timeout`. Any other request queues its job and keeps its deadline;
-    /// if every worker that could run it is blocked the same way, it times
-    /// out.
+    /// however many workers are blocked in requests, and a responder that
+    /// takes long holds the request past its `timeout`. An async handler's
+    /// request queues its job and keeps its deadline, unless the job would
+    /// queue behind that very worker (a pool of one, or the topic's home is
+    /// this worker): then it runs in the handler's first poll, the same way.
+    /// A request to another bus queues on that bus.
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), blazesub::Error> {
@@ -444,9 +444,9 @@ impl<T: Send + Sync + 'static> Bus<T> {
             .with_reply_to(reply_to);
         let in_place = inner.dispatcher.runs_request_here(route.home);
         let publish = || self.fan_out(admitted, topic, route, Arc::new(message), None);
-        // A request on a pool worker whose job would queue behind that very
-        // worker (which a sync handler then blocks until the reply comes):
-        // the job runs here.
+        // A sync handler's request on a pool worker (which it blocks until
+        // the reply comes), or an async handler's whose job would queue
+        // behind that very worker: the job runs here (see `Bus::request`).
         let matched = if in_place {
             publish_in_place(&inner.env, publish)
         } else {

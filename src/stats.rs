@@ -63,8 +63,8 @@ pub struct Stats {
     /// default `Overflow::Wait` where waiting could deadlock (a publish from
     /// a handler or a pool worker, a closing bus, no free task slot, a
     /// stalled worker driving an async handler's future); also the jobs of
-    /// requests made on a pool worker that would queue behind it, which
-    /// run there ([`Bus::request`](crate::Bus::request)).
+    /// requests made on a pool worker that run there
+    /// ([`Bus::request`](crate::Bus::request)).
     /// A unit, not an
     /// async handler's future: an `Inline` publisher that finishes a
     /// pending future itself at the task cap ran no unit of another's, and

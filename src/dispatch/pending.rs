@@ -138,6 +138,12 @@ pub(crate) fn run_unmarked<R>(job: impl FnOnce() -> R) -> R {
     job()
 }
 
+/// Whether this thread is inside an async delivery's first poll
+/// ([`first_poll`]).
+pub(crate) fn in_first_poll() -> bool {
+    EnteredForPoll::here()
+}
+
 /// Runs `publish` with its job run on this thread, as a publish made by a
 /// delivery a runner waits for is ([`holds_runner_here`]): for a request
 /// made on a pool worker, which then waits for the replies the job's

@@ -195,18 +195,20 @@ impl<T: Send + Sync + 'static> Pool<T> {
 
 impl<T: Send + Sync + 'static> Pool<T> {
     /// Whether a request made on this thread to a route with `home` runs
-    /// its job here: this thread is a worker of this pool, and the job
-    /// would queue behind it (its own queue, or the only one). A sync
-    /// handler blocking on the request would otherwise wait for its own
-    /// queue: in a pool of one, for ever; with more workers, until another
-    /// takes over from it after [`STALL`], if one is free. An async
-    /// handler's first poll is no different: at the task cap, this worker
-    /// finishes that delivery itself, blocking on it (a first build that
-    /// left first polls out timed out there, two workers at a cap of two).
+    /// its job here: this thread is a worker of this pool, and
+    /// - a sync handler makes it (outside an async delivery's first poll):
+    ///   it blocks this worker until the reply comes, and a job it queued
+    ///   could wait behind workers blocked the same way (this one, or
+    ///   another whose handler waits for a request queued here);
+    /// - an async handler makes it in its first poll, and the job would
+    ///   queue behind this very worker (its own queue, or the only one): at
+    ///   the task cap this worker finishes that delivery itself, blocking
+    ///   on it. Anywhere else the first poll returns when it waits, and the
+    ///   job is queued: the request keeps its deadline.
     pub(crate) fn runs_request_here(&self, home: usize) -> bool {
         let workers = self.shared.queues.len();
         worker_mark::index_in(self.shared.key())
-            .is_some_and(|me| workers == 1 || home % workers == me)
+            .is_some_and(|me| !pending::in_first_poll() || workers == 1 || home % workers == me)
     }
 }
 
