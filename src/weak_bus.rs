@@ -41,6 +41,9 @@ use crate::bus::{Bus, BusInner};
 ///     .request("time/request", String::new(), std::time::Duration::from_secs(1))
 ///     .await?;
 /// assert_eq!(reply.data(), "noon");
+/// // The reply can arrive before the responder's call has returned (and
+/// // dropped the `Bus` it upgraded); `close` waits for that call.
+/// bus.close().await?;
 /// let weak = bus.downgrade();
 /// drop(bus); // the last `Bus`: the bus goes, its detached handler with it
 /// assert!(weak.upgrade().is_none());
