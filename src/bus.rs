@@ -699,13 +699,29 @@ impl<T: Send + Sync + 'static> Bus<T> {
         metadata: Option<Metadata>,
         reserved: Option<Reservations<T>>,
     ) -> Result<usize, Rejected<T>> {
+        self.publish_nested(topic, data, metadata, reserved, true)
+    }
+
+    /// [`Self::publish_message`], checking the depth of nested in-place
+    /// publishes only if `check_depth` (a reply is not checked: see
+    /// [`Bus::reply`]).
+    pub(crate) fn publish_nested(
+        &self,
+        topic: &str,
+        data: T,
+        metadata: Option<Metadata>,
+        reserved: Option<Reservations<T>>,
+        check_depth: bool,
+    ) -> Result<usize, Rejected<T>> {
         let inner = &*self.inner;
         let admitted = match self.admit(topic) {
             Ok(admitted) => admitted,
             Err(error) => return Err(Rejected::with_value(error, data)),
         };
-        if let Err(error) = self.check_depth(topic) {
-            return Err(Rejected::with_value(error, data));
+        if check_depth {
+            if let Err(error) = self.check_depth(topic) {
+                return Err(Rejected::with_value(error, data));
+            }
         }
         let route = inner.routes.route(&inner.trie, topic);
         let reservations = match reserved {

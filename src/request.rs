@@ -381,14 +381,22 @@ impl<T: Send + Sync + 'static> Bus<T> {
     /// [`Stats::late_replies`](crate::Stats::late_replies)).
     ///
     /// Errors: [`Error::NotARequest`] if `request` has no reply topic, and
-    /// those of [`Bus::publish`].
+    /// those of [`Bus::publish`] but [`Error::RecursionLimit`]: a reply
+    /// made by a handler 64 nested publishes deep still reaches its
+    /// requester (it goes to a reply topic, and nests no further).
     pub fn reply(&self, request: &Message<T>, data: T) -> Result<usize, Error> {
         let Some(to) = request.reply_to() else {
             return Err(Error::NotARequest {
                 topic: request.topic().to_owned(),
             });
         };
-        let matched = self.publish(to, data)?;
+        // Not refused at the depth limit: a reply goes to a reply topic,
+        // whose handlers' own publishes are checked, so it nests one level
+        // at most, and the requester one level up gets its answer instead of
+        // waiting out its timeout.
+        let matched = self
+            .publish_nested(to, data, None, None, false)
+            .map_err(|rejected| rejected.error)?;
         if matched == 0 {
             self.inner
                 .env

@@ -84,6 +84,17 @@ fn child_request_chain(sync: bool, workers: usize) {
         move || common::block_on(bus.request("rq", 1, Duration::from_secs(30)))
     });
     assert!(common::wait_until(LIMIT, || bus.inflight_messages() == 0));
+    // The deepest request is refused at the depth limit; every requester
+    // above it gets its reply (a reply is not refused there), none times
+    // out.
+    let timed_out: Vec<String> = outcomes
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.contains("no reply"))
+        .cloned()
+        .collect();
+    assert!(timed_out.is_empty(), "{timed_out:?}");
     println!(
         "RESULT first {:?} deepest {} errors {:?} stats {:?}",
         first.map(|m| *m.data()),
