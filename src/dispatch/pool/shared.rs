@@ -274,8 +274,12 @@ impl<T> Shared<T> {
     /// put there before gathering again).
     pub(super) fn put_next(&self, me: usize, ticket: Ticket<T>) {
         let mut next = self.next[me].lock().unwrap_or_else(|e| e.into_inner());
-        *next = Some(ticket);
+        let replaced = next.replace(ticket);
         self.has_next[me].store(true, Ordering::SeqCst);
+        drop(next);
+        // None by construction; were it not, its job (a message: user data)
+        // is dropped here, after the lock, as everywhere in this file.
+        drop(replaced);
     }
 
     /// Whether `worker`'s `next` holds a ticket.
