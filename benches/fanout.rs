@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use blazesub::{Batch, DeliveryMode};
+use blazesub::{Batch, Bus, DeliveryMode};
 use criterion::{criterion_group, Criterion};
 
 use common::report::{criterion_results, format_ns, Chart, Report, Series, Table};
@@ -317,18 +317,31 @@ fn service_own_counters() -> (Vec<ServiceRow>, Vec<f64>) {
     const PER_TOPIC: usize = 500;
     let (repetitions, publishes) = service_sizes();
     let rt = runtime();
+    // Each mode with one and two publishers, and the threaded modes again
+    // with two publishers whose topics got one home (see `one_home`).
     let mut setups: Vec<_> = SETUPS[..3]
         .iter()
-        .flat_map(|setup| [(setup, 1usize), (setup, 2)])
-        .map(|(setup, publishers)| {
+        .flat_map(|setup| {
+            let shared_home = setup.mode != DeliveryMode::Inline;
+            [(setup, 1usize, false), (setup, 2, false)]
+                .into_iter()
+                .chain(shared_home.then_some((setup, 2, true)))
+        })
+        .map(|(setup, publishers, shared_home)| {
             let bus = setup.build::<u64>(&rt);
-            let workloads: Vec<_> = (0..publishers)
-                .map(|p| service::own_counters(&bus, &format!("{TOPIC}/{p}"), PER_TOPIC))
+            let topics: Vec<String> = (0..publishers).map(|p| format!("{TOPIC}/{p}")).collect();
+            if shared_home {
+                one_home(&bus, &topics);
+            }
+            let workloads: Vec<_> = topics
+                .iter()
+                .map(|topic| service::own_counters(&bus, topic, PER_TOPIC))
                 .collect();
             let name = format!(
-                "{} ({publishers} publisher{})",
+                "{} ({publishers} publisher{}{})",
                 setup.name,
-                if publishers == 1 { "" } else { "s" }
+                if publishers == 1 { "" } else { "s" },
+                if shared_home { ", one home" } else { "" }
             );
             (name, bus, workloads, Vec::new())
         })
@@ -382,6 +395,20 @@ fn service_own_counters() -> (Vec<ServiceRow>, Vec<f64>) {
         })
         .collect();
     (rows, round_trips)
+}
+
+/// Gives the routes of two `topics` one home: routes get homes in turn at
+/// their first publish, so publishing to the first, a topic between and
+/// the second (before anyone subscribes: nothing is delivered) gives them
+/// homes 0 and 2, one worker or lane of two. A service's busy topics meet
+/// like this whenever they are not the first ones it publishes to.
+fn one_home(bus: &Bus<u64>, topics: &[String]) {
+    let [first, second] = topics else {
+        panic!("two topics");
+    };
+    for topic in [first.as_str(), "service/between", second.as_str()] {
+        bus.publish(topic, 0).expect("publish");
+    }
 }
 
 fn write_report(
@@ -534,7 +561,9 @@ fn write_report(
          setups. A cache-line round trip between the two CPUs, measured before each round of \
          repetitions: {} ns (about 32 ns: the host runs both virtual CPUs on one core's two \
          hyperthreads, where two publishers get about 1.4× one publisher's work done; about \
-         66 ns: on two cores, 2×; `benches/common/cores.rs`).",
+         66 ns: on two cores, 2×; `benches/common/cores.rs`). \"one home\": the two topics' \
+         routes got the same home (the first and the third topic the bus published to), \
+         as two busy topics of a service often do.",
         round_trips.join(", ")
     );
     for row in own {

@@ -888,14 +888,16 @@ impl<T: Send + Sync + 'static> Bus<T> {
         };
         let mut positions = Positions::new();
         let mut sets = route.handler_sets_appending(&message, &mut positions);
-        let home = route.home;
-        drop(route);
         matched += sets.iter().map(|set| set.live()).sum::<usize>();
         if shared {
             matched += inner.shared.route(&message, &mut sets, counters);
         }
-        if let Some(job) = Fanout::new(message, sets, positions, &inner.policy) {
-            let job = job.at_home(home);
+        let job = Fanout::new(message, sets, positions, &inner.policy).map(|job| {
+            let place = inner.dispatcher.place(&job, &route.home);
+            job.at_place(place)
+        });
+        drop(route);
+        if let Some(job) = job {
             admitted.accept(job.total());
             let dropped = inner.dispatcher.dispatch(job, &inner.env);
             if dropped > 0 && inner.config.overflow == Overflow::Error {

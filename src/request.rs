@@ -450,7 +450,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let message = self
             .stamp(Arc::clone(&route.topic), data, None)
             .with_reply_to(reply_to);
-        let in_place = inner.dispatcher.runs_request_here(route.home);
+        let in_place = inner.dispatcher.runs_request_here(route.home.place());
         let publish = || self.fan_out(admitted, topic, route, Arc::new(message), None);
         // A sync handler's request on a pool worker (which it blocks until
         // the reply comes), or an async handler's whose job would queue

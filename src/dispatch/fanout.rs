@@ -76,8 +76,9 @@ pub(crate) struct Fanout<T> {
     lens: Lens,
     total: usize,
     plan: Plan,
-    /// Its route's home (see `registry/route.rs`): the pool runs it there.
-    home: usize,
+    /// The place its route's home gave it (see `placement.rs`): the pool
+    /// worker or task-mode lane it is queued to.
+    place: usize,
     next: AtomicUsize,
     runners: AtomicUsize,
     helper_queued: AtomicBool,
@@ -198,7 +199,7 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             lens,
             total,
             plan: policy.plan(total),
-            home: 0,
+            place: 0,
             next: AtomicUsize::new(0),
             runners: AtomicUsize::new(0),
             helper_queued: AtomicBool::new(false),
@@ -215,15 +216,16 @@ impl<T: Send + Sync + 'static> Fanout<T> {
         self.plan
     }
 
-    /// The job, to run at its route's home `home`.
+    /// The job, to run at `place` (see [`Self::place`]).
     #[must_use]
-    pub(crate) fn at_home(mut self, home: usize) -> Self {
-        self.home = home;
+    pub(crate) fn at_place(mut self, place: usize) -> Self {
+        self.place = place;
         self
     }
 
-    pub(crate) fn home(&self) -> usize {
-        self.home
+    /// The pool worker or task-mode lane its route's home placed it at.
+    pub(crate) fn place(&self) -> usize {
+        self.place
     }
 
     pub(crate) fn topic(&self) -> &str {

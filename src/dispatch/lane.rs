@@ -195,6 +195,13 @@ impl<T: Send + Sync + 'static> Lane<T> {
         state.queue.drain(..).map(|queued| queued.job).collect()
     }
 
+    /// Whether a server runs something or publishes are queued (for
+    /// placement).
+    pub(crate) fn is_busy(&self) -> bool {
+        let state = self.lock();
+        state.used() > 0 || state.serving > 0
+    }
+
     /// The room taken now: queued publishes and those servers hold.
     #[cfg(all(test, loom))]
     pub(crate) fn room_used(&self) -> usize {

@@ -12,6 +12,9 @@
 //! - `pool/` — `WorkerPool`: runners are jobs on bounded crossbeam queues,
 //!   one per worker thread; a topic's publishes go to its home worker, and
 //!   an idle worker helps a lone publish or takes over from a stalled one.
+//! - `placement.rs` — which worker or lane runs a route's publishes: its
+//!   home, which moves to an idle one when another route's publishes keep
+//!   it busy.
 //! - `batch.rs` — publishes queued behind one another to the same
 //!   subscriptions, run by a pool worker subscription by subscription (and
 //!   joined by another if it stalls).
@@ -41,7 +44,8 @@
 //! add, runs it, and claims again until none are left, so units are never
 //! tied to a runner: a slow handler holds up only the runner it is on, and
 //! any free runner takes the next unit (below the threshold, cheap handlers
-//! are claimed a few at a time while no worker is free; see `fanout.rs`).
+//! are claimed a few at a time, more while the units just run were cheap;
+//! see `fanout.rs`).
 //! How many runners a job gets:
 //! - `Batch::Single` below the threshold: one per unit, each claiming exactly
 //!   one — BlazeSub's job per subscriber, and its cost (the cliff the `cliff`
@@ -77,6 +81,7 @@ mod ordered;
 mod ordered_sink;
 mod pending;
 mod permit;
+mod placement;
 mod pool;
 mod refused;
 mod streams;
@@ -90,6 +95,7 @@ use crate::config::{Batch, Config, DeliveryMode, Overflow, MIN_CHUNK};
 use crate::error::Error;
 use crate::panic_message::panic_message;
 use crate::registry::quiesce::Quiescence;
+use crate::registry::route::Home;
 use crate::stats::{Counters, Tally};
 
 pub(crate) use direct::deliver_now;
@@ -250,6 +256,22 @@ impl<T: Send + Sync + 'static> Dispatcher<T> {
     /// lack of room during this call (under `Overflow::Drop` and
     /// `Overflow::Error`); drops that happen later, on a worker, only reach
     /// the counters.
+    /// The place (pool worker, task-mode lane) that runs `job`, a publish
+    /// to the route with `home`; the route's home may move meanwhile
+    /// (`placement.rs`). `Inline`, and `Batch::Single` below the threshold
+    /// (its units go to every place in turn), have no place.
+    pub(crate) fn place(&self, job: &Fanout<T>, home: &Home) -> usize {
+        let plan = job.plan();
+        if plan.single_claim && plan.runners > 1 {
+            return 0;
+        }
+        match self {
+            Dispatcher::Pool(pool) => pool.place(home),
+            Dispatcher::Tasks(tasks) => tasks.place(home),
+            Dispatcher::Inline => 0,
+        }
+    }
+
     pub(crate) fn dispatch(&self, job: Fanout<T>, env: &Arc<Env>) -> usize {
         match self {
             Dispatcher::Tasks(tasks) => tasks.dispatch(Arc::new(job), env),

@@ -2,7 +2,9 @@
 //!
 //! # Where work goes
 //! A publish goes to its route's [`Lane`] (`lane.rs`): one per worker, as
-//! the pool has one queue per worker. A lane's publishes are run by one
+//! the pool has one queue per worker, and as there a route's home moves to
+//! an idle lane when another route's publishes keep its own busy
+//! (`placement.rs`). A lane's publishes are run by one
 //! task at a time, the lane's task, which takes the publishes queued to the
 //! same subscriptions as one batch, so one topic's handlers run in one
 //! place, publish after publish, and handlers that share state do not fight
@@ -69,12 +71,14 @@ use super::lane::{Lane, Next, Pushed, Server, Work};
 use super::lane_watch::LaneWatch;
 use super::pending::{self, Handed, Place};
 use super::permit::TaskPermit;
+use super::placement::Placement;
 use super::pool::STALL;
 use super::{caller_runs, refused, run_for_held_runner, Env, Fanout, Runner};
 use crate::config::Overflow;
 use crate::error::Error;
 use crate::registry::entry::BoxFuture;
 use crate::registry::quiesce;
+use crate::registry::route::Home;
 use crate::stats::Tally;
 use crate::sync::{AtomicBool, Ordering};
 
@@ -88,6 +92,8 @@ pub(crate) struct Tasks<T> {
     watch: Arc<LaneWatch<T>>,
     /// The bus is closing: publishers wait no more.
     closing: AtomicBool,
+    /// Which lane each route's publishes go to.
+    placement: Placement,
 }
 
 impl<T: Send + Sync + 'static> Tasks<T> {
@@ -110,10 +116,19 @@ impl<T: Send + Sync + 'static> Tasks<T> {
         };
         Ok(Self {
             handle,
+            placement: Placement::new(lanes.len()),
             lanes,
             watch,
             closing: AtomicBool::new(false),
         })
+    }
+
+    /// The lane a publish of the route with `home` goes to: its home lane,
+    /// or an idle one it moves to when another route's publishes keep that
+    /// one busy (`placement.rs`).
+    pub(crate) fn place(&self, home: &Home) -> usize {
+        self.placement
+            .place(home, |lane| self.lanes[lane].is_busy())
     }
 
     /// Hands `job` to its lane, or to tasks of its own (`Batch::Single`
@@ -134,7 +149,7 @@ impl<T: Send + Sync + 'static> Tasks<T> {
 
     /// Queues `job` in its lane; see the module docs for a full lane.
     fn queue(&self, job: Arc<Fanout<T>>, env: &Arc<Env>) -> usize {
-        let lane = &self.lanes[job.home() % self.lanes.len()];
+        let lane = &self.lanes[job.place() % self.lanes.len()];
         let helpable = job.plan().max_runners > 1;
         loop {
             let (serving, started) = match lane.push(&job, helpable) {

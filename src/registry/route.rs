@@ -16,11 +16,12 @@
 //! memory is bounded by its capacity whatever topics are published; two
 //! topics that share a slot simply evict each other.
 //!
-//! Each cached route carries a *home*: a number the worker pool maps to the
-//! worker that runs the route's publishes. Routes get homes in turn (so two
-//! busy topics land on two workers), and a route rebuilt for its topic
-//! keeps the one it had (so a topic's deliveries stay on one worker while
-//! its subscriptions change).
+//! Each cached route carries a [`Home`]: an id of its own and the place (a
+//! pool worker, a task-mode lane) that runs the route's publishes. Routes
+//! get homes in turn, a route rebuilt for its topic keeps the one it had
+//! (so a topic's deliveries stay in one place while its subscriptions
+//! change), and the dispatcher may move a home to an idle place
+//! (`dispatch/placement.rs`).
 
 use std::sync::Arc;
 
@@ -42,6 +43,48 @@ pub(crate) type HandlerSets<T> = SmallVec<[Arc<HandlerSet<T>>; 4]>;
 /// have them.
 pub(crate) type Positions = SmallVec<[u64; 1]>;
 
+/// Where a route's publishes run: an id that tells this route's home from
+/// another's, and the place (a number the dispatcher maps to one of its
+/// workers or lanes) its publishes go to now. The place starts at the id,
+/// so routes handed out in turn start in different places; a dispatcher
+/// may move it (`dispatch/placement.rs`). Both are hints for where work
+/// runs, never for what runs: any value is correct.
+pub(crate) struct Home {
+    id: usize,
+    place: AtomicUsize,
+}
+
+impl Home {
+    pub(crate) fn new(id: usize) -> Self {
+        Self {
+            id,
+            place: AtomicUsize::new(id),
+        }
+    }
+
+    pub(crate) fn id(&self) -> usize {
+        self.id
+    }
+
+    /// The place its publishes go to now.
+    pub(crate) fn place(&self) -> usize {
+        self.place.load(Ordering::Relaxed)
+    }
+
+    /// Sends its publishes to `place` from now on.
+    pub(crate) fn move_to(&self, place: usize) {
+        self.place.store(place, Ordering::Relaxed);
+    }
+
+    /// The same home, for the route rebuilt for its topic.
+    fn kept(&self) -> Self {
+        Self {
+            id: self.id,
+            place: AtomicUsize::new(self.place()),
+        }
+    }
+}
+
 /// What one topic name reaches: the trie nodes whose filters match it. A
 /// route holds nodes, not their subscriber sets, so a set that grows or is
 /// compacted needs no new route, and a cached route never keeps an old set
@@ -49,8 +92,8 @@ pub(crate) type Positions = SmallVec<[u64; 1]>;
 pub(crate) struct Route<T> {
     pub(crate) stamp: u64,
     pub(crate) topic: Arc<str>,
-    /// Which worker runs this route's publishes (see the module docs).
-    pub(crate) home: usize,
+    /// Where this route's publishes run (see the module docs).
+    pub(crate) home: Home,
     nodes: Box<[Arc<NodeSubs<T>>]>,
 }
 
@@ -63,7 +106,7 @@ impl<T> Route<T> {
         let matched = trie.overlapping(topic);
         Route {
             stamp: matched.stamp,
-            home: topic_hash(topic) as usize,
+            home: Home::new(topic_hash(topic) as usize),
             topic: Arc::from(topic),
             nodes: matched.nodes.into_boxed_slice(),
         }
@@ -75,7 +118,7 @@ impl<T> Route<T> {
     pub(crate) fn single(topic: Arc<str>, node: Arc<NodeSubs<T>>) -> Self {
         Route {
             stamp: 0,
-            home: topic_hash(&topic) as usize,
+            home: Home::new(topic_hash(&topic) as usize),
             topic,
             nodes: Box::new([node]),
         }
@@ -220,18 +263,21 @@ impl<T: 'static> RouteCache<T> {
         if trie.stamp(hash) == cached.stamp {
             return Arc::clone(cached);
         }
-        Arc::new(build(trie, &cached.topic, hash, cached.home))
+        Arc::new(build(trie, &cached.topic, hash, cached.home.kept()))
     }
 
     /// Builds the route from the trie and caches it (when the cache is on).
     fn build_and_cache(&self, trie: &Trie<T>, topic: &str, hash: u64) -> Arc<Route<T>> {
         if self.slots.is_empty() {
-            return Arc::new(build(trie, topic, hash, hash as usize));
+            return Arc::new(build(trie, topic, hash, Home::new(hash as usize)));
         }
         let slot = self.slot(hash);
         let home = slot
-            .with(|old| old.filter(|old| &*old.topic == topic).map(|old| old.home))
-            .unwrap_or_else(|| self.next_home.fetch_add(1, Ordering::Relaxed));
+            .with(|old| {
+                old.filter(|old| &*old.topic == topic)
+                    .map(|old| old.home.kept())
+            })
+            .unwrap_or_else(|| Home::new(self.next_home.fetch_add(1, Ordering::Relaxed)));
         let route = Arc::new(build(trie, topic, hash, home));
         slot.store(Some(Arc::clone(&route)));
         route
@@ -256,7 +302,7 @@ impl<T: 'static> RouteCache<T> {
     }
 }
 
-fn build<T: 'static>(trie: &Trie<T>, topic: &str, hash: u64, home: usize) -> Route<T> {
+fn build<T: 'static>(trie: &Trie<T>, topic: &str, hash: u64, home: Home) -> Route<T> {
     let matched = trie.matched(topic, hash);
     Route {
         stamp: matched.stamp,

@@ -3,8 +3,10 @@
 //!
 //! # Where work goes
 //! - A publish goes to its route's *home* worker (`registry/route.rs`: routes
-//!   get homes in turn). So one topic's publishes run one after another on
-//!   one thread, and two busy topics run on two. Handlers that share state
+//!   get homes in turn, and a home moves to an idle worker when another
+//!   route's publishes keep its worker busy: `placement.rs`). So one
+//!   topic's publishes run one after another on one thread, and two busy
+//!   topics run on two. Handlers that share state
 //!   (one counter for all) then never fight over it between cores, and
 //!   handlers with state of their own keep it in one core's cache; with a
 //!   publish cut into per-worker chunks, the first kind ran 3-4x slower than
@@ -89,10 +91,12 @@ use std::time::Duration;
 
 use self::shared::{Shared, Ticket};
 use super::pending::{self, Handed, Place};
+use super::placement::Placement;
 use super::{caller_runs, refused, run_for_held_runner, Env, Fanout, Runner};
 use crate::config::Overflow;
 use crate::error::Error;
 use crate::registry::entry::BoxFuture;
+use crate::registry::route::Home;
 use crate::stats::Tally;
 use crate::sync::{thread, worker_mark, AtomicBool, AtomicUsize, Ordering};
 
@@ -116,6 +120,8 @@ pub(crate) struct Pool<T> {
     /// a time, however many `close` calls wait from handlers (one retried
     /// under a timeout starts a waiter each time).
     standing_in: AtomicBool,
+    /// Which worker each route's publishes go to.
+    placement: Placement,
 }
 
 impl<T: Send + Sync + 'static> Pool<T> {
@@ -125,6 +131,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
             shared: Arc::new(Shared::new(workers, per_worker)),
             turn: AtomicUsize::new(0),
             standing_in: AtomicBool::new(false),
+            placement: Placement::new(workers),
         };
         for index in 0..workers {
             let shared = Arc::clone(&pool.shared);
@@ -136,6 +143,14 @@ impl<T: Send + Sync + 'static> Pool<T> {
                 .map_err(Error::Spawn)?;
         }
         Ok(pool)
+    }
+
+    /// The worker a publish of the route with `home` goes to: its home
+    /// worker, or an idle one it moves to when another route's publishes
+    /// keep that one busy (`placement.rs`).
+    pub(crate) fn place(&self, home: &Home) -> usize {
+        self.placement
+            .place(home, |worker| self.shared.busy(worker))
     }
 
     /// Queues the job's runners; see the module docs for a full queue.
@@ -157,7 +172,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
             let worker = if spread {
                 self.turn.fetch_add(1, Ordering::Relaxed) % workers
             } else {
-                job.home() % workers
+                job.place() % workers
             };
             let ticket = Ticket::Run(Arc::clone(&job));
             let queued = if wait {

@@ -222,6 +222,14 @@ impl<T> Shared<T> {
         }
     }
 
+    /// Whether `worker` runs something or has work queued for it (for
+    /// placement: a hint, read without ordering).
+    pub(super) fn busy(&self, worker: usize) -> bool {
+        !self.free[worker].load(Ordering::Relaxed)
+            || self.queued_work(worker) > 0
+            || self.has_next(worker)
+    }
+
     /// Whether `worker`'s queue takes another work ticket.
     pub(super) fn has_room(&self, worker: usize) -> bool {
         let wakes = self.wakes[worker].load(Ordering::SeqCst);

@@ -1,0 +1,134 @@
+//! Where a publish runs: its route's home, and when a home moves.
+//!
+//! The pool queues a publish to one worker, and `TaskPerSubscriber` to one
+//! lane: the *place* of its route's [`Home`] (`registry/route.rs`). So one
+//! topic's publishes run one after another in one place, and handlers
+//! that share state do not fight over it between cores. Homes are handed
+//! out in turn, so the first two topics of a bus get two places; but any
+//! two busy topics may share one (the first and the third, a topic whose
+//! route the cache evicted and built again with a new home), and then both
+//! publishers' work runs in that place while the other place has nothing
+//! to do: two publishers at one core's speed (measured: half of `Inline`'s
+//! two-publisher rate, in both modes).
+//!
+//! # Contract
+//! [`Placement::place`] gives a publish its home's place, except when
+//! that place is *taken*: another route was the last placed there, and the
+//! place is busy (running something or with work queued). Then, if some
+//! other place is idle (nothing running, nothing queued), the home moves
+//! there for good; if none is, it stays. Either way the route becomes the
+//! last placed where it went.
+//! - One busy topic never moves: it is the last placed at its own place.
+//!   Its deliveries stay on one core, publish after publish.
+//! - Two busy topics sharing a place part at the first publish that finds
+//!   another place idle, and then stay apart: each is the last placed at
+//!   its own place, so neither looks elsewhere again.
+//! - A home moves only to a place that was idle when it looked, so moves
+//!   do not chase each other: more busy topics than places find nothing
+//!   idle and stay where they are.
+//! - Nothing here is timed, and nothing waits: a look is a few loads, and
+//!   a publish at its own place loads one word. A look that is out of date
+//!   by the time the publish is queued costs at most one publish run in a
+//!   worse place; the next publish looks again. Where a publish runs never
+//!   changes what runs: placement is a hint, and every place runs any job.
+//!
+//! The publishes a moved route left queued in its old place still run
+//! there, beside its new ones for a moment; ordered handlers keep their
+//! order wherever their publishes run (their positions are taken at
+//! publish, see `ordered_sink.rs`).
+
+use crossbeam_utils::CachePadded;
+
+use crate::registry::route::Home;
+use crate::sync::{AtomicUsize, Ordering};
+
+/// The last route placed at each place (see the module docs).
+pub(crate) struct Placement {
+    last: Box<[CachePadded<AtomicUsize>]>,
+}
+
+impl Placement {
+    /// For `places` places (at least one).
+    pub(crate) fn new(places: usize) -> Self {
+        Self {
+            last: (0..places.max(1))
+                .map(|_| CachePadded::new(AtomicUsize::new(usize::MAX)))
+                .collect(),
+        }
+    }
+
+    /// The place a publish of the route with `home` goes to, moving the
+    /// home when its place is taken and another is idle (see the module
+    /// docs). `busy(place)`: whether that place runs something or has work
+    /// queued.
+    pub(crate) fn place(&self, home: &Home, busy: impl Fn(usize) -> bool) -> usize {
+        let places = self.last.len();
+        let at = home.place() % places;
+        let taken = self.last[at].load(Ordering::Relaxed) != home.id() && busy(at);
+        let place = if taken {
+            match (0..places).find(|&other| other != at && !busy(other)) {
+                Some(idle) => {
+                    home.move_to(idle);
+                    idle
+                }
+                None => at,
+            }
+        } else {
+            at
+        };
+        // Stored only when it changes: a busy topic alone at its place
+        // reads the word and leaves its line shared.
+        if self.last[place].load(Ordering::Relaxed) != home.id() {
+            self.last[place].store(home.id(), Ordering::Relaxed);
+        }
+        place
+    }
+}
+
+// Plain unit tests: under `--cfg loom` the atomics are loom's, usable only
+// inside a model.
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_route_alone_at_its_busy_place_stays_there() {
+        let placement = Placement::new(2);
+        let home = Home::new(0);
+        assert_eq!(placement.place(&home, |_| false), 0);
+        for _ in 0..10 {
+            assert_eq!(placement.place(&home, |_| true), 0);
+            assert_eq!(placement.place(&home, |place| place == 0), 0);
+        }
+        assert_eq!(home.place(), 0);
+    }
+
+    #[test]
+    fn two_routes_sharing_a_busy_place_part_and_stay_apart() {
+        let placement = Placement::new(2);
+        let (a, b) = (Home::new(0), Home::new(2));
+        assert_eq!(placement.place(&a, |_| false), 0);
+        // `a` runs at 0, 1 is idle: `b` moves there.
+        assert_eq!(placement.place(&b, |place| place == 0), 1);
+        assert_eq!(b.place(), 1);
+        // Both busy now: each stays where it is the last placed.
+        for _ in 0..10 {
+            assert_eq!(placement.place(&a, |_| true), 0);
+            assert_eq!(placement.place(&b, |_| true), 1);
+        }
+    }
+
+    #[test]
+    fn a_route_stays_when_no_other_place_is_idle_or_its_own_is_idle() {
+        let placement = Placement::new(2);
+        let (a, b, c) = (Home::new(0), Home::new(1), Home::new(2));
+        assert_eq!(placement.place(&a, |_| false), 0);
+        assert_eq!(placement.place(&b, |_| false), 1);
+        // Both places busy: `c` (home 0) stays at 0 with `a`.
+        assert_eq!(placement.place(&c, |_| true), 0);
+        assert_eq!(c.place(), 2);
+        // Its own place idle: it stays too, though another was placed last.
+        assert_eq!(placement.place(&a, |_| false), 0);
+        assert_eq!(placement.place(&c, |place| place == 1), 0);
+    }
+}
