@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use blazesub::{Bus, DeliveryMode, Message, Subscription};
 
-const HANDLERS: usize = 20;
-const PUBLISHES: u32 = 400;
+const HANDLERS: usize = 1;
+const PUBLISHES: u32 = 4000;
 /// How long each handler keeps its worker busy.
 const WORK: Duration = Duration::from_micros(5);
 
@@ -111,17 +111,18 @@ fn overlap_of_topics_sharing_a_home(bus: &Bus<u32>) -> f64 {
 }
 
 /// Three tries, each on a fresh bus; the first whose topics overlap in
-/// over 80% of their deliveries passes. Apart they overlapped in 92-99%
-/// of tries (one of about twenty read 5%: the next try passed). At one
-/// place, the pool's overlapped in 0-12% and the task mode's in 1-59%
-/// (its helper tasks finish a publish's last units while its lane's task
-/// runs the next publish, the other topic's).
+/// over 45% of their deliveries passes. One handler per topic, so a
+/// publish has one unit and gets no helper: at one place the two topics'
+/// handlers ran side by side only when the idle worker took over from a
+/// preempted one, in 0-17% (pool) and 0-36% (tasks) of the deliveries of
+/// any try, with the tests of another build running beside them. Apart,
+/// in 55-88% under the same load, and over 90% on a quiet machine.
 fn assert_topics_sharing_a_home_run_side_by_side(make: impl Fn() -> Bus<u32>) {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut tries = Vec::new();
     for _ in 0..3 {
         let share = overlap_of_topics_sharing_a_home(&make());
-        if share > 0.8 {
+        if share > 0.45 {
             return;
         }
         tries.push(share);

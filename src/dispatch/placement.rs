@@ -12,20 +12,27 @@
 //! two-publisher rate, in both modes).
 //!
 //! # Contract
-//! [`Placement::place`] gives a publish its home's place, except when
-//! that place is *taken*: another route was the last placed there, and the
-//! place is busy (running something or with work queued). Then, if some
-//! other place is idle (nothing running, nothing queued), the home moves
-//! there for good; if none is, it stays. Either way the route becomes the
-//! last placed where it went.
-//! - One busy topic never moves: it is the last placed at its own place.
-//!   Its deliveries stay on one core, publish after publish.
-//! - Two busy topics sharing a place part at the first publish that finds
-//!   another place idle, and then stay apart: each is the last placed at
-//!   its own place, so neither looks elsewhere again.
+//! Each place has a *resident*: the route last placed there while the
+//! place was not taken. [`Placement::place`] gives a publish its home's
+//! place, except when that place is *taken*: another route is resident
+//! there, and the place is busy (work of its own running or queued). Then,
+//! if some other place is idle (no work of its own), the home moves there
+//! for good and the route becomes resident there; if none is, the publish
+//! stays as a guest, and the resident stays resident.
+//! - One busy topic never moves: it is resident at its own place, and a
+//!   guest (a light topic that published while every place was busy, a
+//!   handler's publish) does not change that. Its deliveries stay on one
+//!   core, publish after publish.
+//! - Two busy topics sharing a place part at the first publish of the
+//!   guest that finds another place idle, and then stay apart: each is
+//!   resident at its own place, so neither looks elsewhere again.
 //! - A home moves only to a place that was idle when it looked, so moves
 //!   do not chase each other: more busy topics than places find nothing
 //!   idle and stay where they are.
+//! - A pool worker that helps another's publish, or takes over from a
+//!   stalled one, has no work of its own: it counts as idle. Otherwise a
+//!   guest would never find it idle while the two topics' publishes keep
+//!   it helping at their shared place.
 //! - Nothing here is timed, and nothing waits: a look is a few loads, and
 //!   a publish at its own place loads one word. A look that is out of date
 //!   by the time the publish is queued costs at most one publish run in a
@@ -42,16 +49,16 @@ use crossbeam_utils::CachePadded;
 use crate::registry::route::Home;
 use crate::sync::{AtomicUsize, Ordering};
 
-/// The last route placed at each place (see the module docs).
+/// The resident route of each place (see the module docs).
 pub(crate) struct Placement {
-    last: Box<[CachePadded<AtomicUsize>]>,
+    resident: Box<[CachePadded<AtomicUsize>]>,
 }
 
 impl Placement {
     /// For `places` places (at least one).
     pub(crate) fn new(places: usize) -> Self {
         Self {
-            last: (0..places.max(1))
+            resident: (0..places.max(1))
                 .map(|_| CachePadded::new(AtomicUsize::new(usize::MAX)))
                 .collect(),
         }
@@ -59,28 +66,28 @@ impl Placement {
 
     /// The place a publish of the route with `home` goes to, moving the
     /// home when its place is taken and another is idle (see the module
-    /// docs). `busy(place)`: whether that place runs something or has work
-    /// queued.
+    /// docs). `busy(place)`: whether that place runs or has queued work of
+    /// its own.
     pub(crate) fn place(&self, home: &Home, busy: impl Fn(usize) -> bool) -> usize {
-        let places = self.last.len();
+        let places = self.resident.len();
         let at = home.place() % places;
-        let taken = self.last[at].load(Ordering::Relaxed) != home.id() && busy(at);
-        let place = if taken {
+        let resident = self.resident[at].load(Ordering::Relaxed);
+        if resident == home.id() {
+            return at;
+        }
+        let place = if busy(at) {
             match (0..places).find(|&other| other != at && !busy(other)) {
                 Some(idle) => {
                     home.move_to(idle);
                     idle
                 }
-                None => at,
+                // A guest: the resident keeps its place.
+                None => return at,
             }
         } else {
             at
         };
-        // Stored only when it changes: a busy topic alone at its place
-        // reads the word and leaves its line shared.
-        if self.last[place].load(Ordering::Relaxed) != home.id() {
-            self.last[place].store(home.id(), Ordering::Relaxed);
-        }
+        self.resident[place].store(home.id(), Ordering::Relaxed);
         place
     }
 }
@@ -111,7 +118,7 @@ mod tests {
         // `a` runs at 0, 1 is idle: `b` moves there.
         assert_eq!(placement.place(&b, |place| place == 0), 1);
         assert_eq!(b.place(), 1);
-        // Both busy now: each stays where it is the last placed.
+        // Both busy now: each stays where it is resident.
         for _ in 0..10 {
             assert_eq!(placement.place(&a, |_| true), 0);
             assert_eq!(placement.place(&b, |_| true), 1);
@@ -124,11 +131,26 @@ mod tests {
         let (a, b, c) = (Home::new(0), Home::new(1), Home::new(2));
         assert_eq!(placement.place(&a, |_| false), 0);
         assert_eq!(placement.place(&b, |_| false), 1);
-        // Both places busy: `c` (home 0) stays at 0 with `a`.
+        // Both places busy: `c` (home 0) stays at 0 with `a`, as a guest.
         assert_eq!(placement.place(&c, |_| true), 0);
         assert_eq!(c.place(), 2);
-        // Its own place idle: it stays too, though another was placed last.
-        assert_eq!(placement.place(&a, |_| false), 0);
+        // Its own place idle: it stays, and is resident there now.
         assert_eq!(placement.place(&c, |place| place == 1), 0);
+        assert_eq!(placement.place(&c, |_| true), 0);
+    }
+
+    #[test]
+    fn a_guest_does_not_move_the_route_resident_where_it_stays() {
+        let placement = Placement::new(2);
+        let (h, x, l) = (Home::new(0), Home::new(1), Home::new(2));
+        assert_eq!(placement.place(&h, |_| false), 0);
+        assert_eq!(placement.place(&x, |_| false), 1);
+        // Every place busy: `l` (home 0) stays at 0 beside `h`.
+        assert_eq!(placement.place(&l, |_| true), 0);
+        // 1 turns idle while `h` keeps 0 busy: `h` stays home, `l` moves.
+        assert_eq!(placement.place(&h, |place| place == 0), 0);
+        assert_eq!(h.place(), 0);
+        assert_eq!(placement.place(&l, |place| place == 0), 1);
+        assert_eq!(l.place(), 1);
     }
 }

@@ -86,6 +86,10 @@ pub(super) struct Shared<T> {
     /// True from the start: a worker not yet started takes what is queued
     /// for it as soon as it does. Only the worker itself changes it.
     pub(super) free: Vec<CachePadded<AtomicBool>>,
+    /// Per worker: running work of its own (taken from its own queue or
+    /// its `next`), not another worker's it helps or took over. Only the
+    /// worker itself changes it; read for placement.
+    pub(super) runs_own: Vec<CachePadded<AtomicBool>>,
     /// Workers waiting.
     pub(super) idle: CachePadded<AtomicUsize>,
     /// Per queue: the publishers waiting for its room (`Overflow::Wait`).
@@ -222,10 +226,11 @@ impl<T> Shared<T> {
         }
     }
 
-    /// Whether `worker` runs something or has work queued for it (for
-    /// placement: a hint, read without ordering).
+    /// Whether `worker` runs work of its own or has work queued for it
+    /// (for placement: a hint, read without ordering). A worker helping
+    /// another's publish has none of its own (`placement.rs`).
     pub(super) fn busy(&self, worker: usize) -> bool {
-        !self.free[worker].load(Ordering::Relaxed)
+        self.runs_own[worker].load(Ordering::Relaxed)
             || self.queued_work(worker) > 0
             || self.has_next(worker)
     }
@@ -472,6 +477,7 @@ impl<T> Shared<T> {
             has_next: flags(false),
             waiting: flags(false),
             free: flags(true),
+            runs_own: flags(false),
             wanted: Mutex::new(None),
             idle: CachePadded::new(AtomicUsize::new(0)),
             room: (0..workers).map(|_| CachePadded::default()).collect(),

@@ -239,6 +239,12 @@ fn next_ticket<T: Send + Sync + 'static>(
             shared.free[me].store(false, Ordering::SeqCst);
         }
     }
+    // Helping (a posted job, a stalled worker's batch) is no work of its
+    // own, even when the ticket is counted to its own queue.
+    let own = matches!(ticket, Some((Ticket::Run(_), from)) if from == me);
+    if shared.runs_own[me].load(Ordering::Relaxed) != own {
+        shared.runs_own[me].store(own, Ordering::Relaxed);
+    }
     ticket
 }
 
@@ -306,6 +312,10 @@ fn take_own<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> Option<(
     }
     if !shared.free[me].load(Ordering::Relaxed) {
         shared.free[me].store(true, Ordering::SeqCst);
+    }
+    // Nothing of its own left, whatever it helps with or waits for next.
+    if shared.runs_own[me].load(Ordering::Relaxed) {
+        shared.runs_own[me].store(false, Ordering::Relaxed);
     }
     None
 }
