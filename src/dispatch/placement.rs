@@ -39,6 +39,11 @@
 //!   worse place; the next publish looks again. Where a publish runs never
 //!   changes what runs: placement is a hint, and every place runs any job.
 //!
+//! A route built for one publish and not cached (a request to a filter,
+//! a bridge's delivery, a bus without a route cache) goes to the place its
+//! topic's hash gives and takes no part: it would move for nothing, and as
+//! a resident it would displace a topic that lasts.
+//!
 //! The publishes a moved route left queued in its old place still run
 //! there, beside its new ones for a moment; ordered handlers keep their
 //! order wherever their publishes run (their positions are taken at
@@ -71,6 +76,9 @@ impl Placement {
     pub(crate) fn place(&self, home: &Home, busy: impl Fn(usize) -> bool) -> usize {
         let places = self.resident.len();
         let at = home.place() % places;
+        if !home.lasts() {
+            return at;
+        }
         let resident = self.resident[at].load(Ordering::Relaxed);
         if resident == home.id() {
             return at;
@@ -137,6 +145,21 @@ mod tests {
         // Its own place idle: it stays, and is resident there now.
         assert_eq!(placement.place(&c, |place| place == 1), 0);
         assert_eq!(placement.place(&c, |_| true), 0);
+    }
+
+    #[test]
+    fn a_transient_route_neither_moves_nor_becomes_resident() {
+        let placement = Placement::new(2);
+        let (a, b) = (Home::new(0), Home::new(1));
+        assert_eq!(placement.place(&a, |_| false), 0);
+        assert_eq!(placement.place(&b, |_| false), 1);
+        // Place 0 busy, 1 idle: a lasting route would move to 1.
+        let transient = Home::transient(2);
+        assert_eq!(placement.place(&transient, |place| place == 0), 0);
+        assert_eq!(transient.place(), 2);
+        // Neither place's resident changed.
+        assert_eq!(placement.place(&a, |_| true), 0);
+        assert_eq!(placement.place(&b, |_| true), 1);
     }
 
     #[test]

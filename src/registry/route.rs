@@ -52,6 +52,8 @@ pub(crate) type Positions = SmallVec<[u64; 1]>;
 pub(crate) struct Home {
     id: usize,
     place: AtomicUsize,
+    /// A cached route's: its moves last as long as its topic's route.
+    lasting: bool,
 }
 
 impl Home {
@@ -59,11 +61,29 @@ impl Home {
         Self {
             id,
             place: AtomicUsize::new(id),
+            lasting: true,
+        }
+    }
+
+    /// The home of a route built for one publish (not cached: a request
+    /// to a filter, a bridge's delivery, a bus without a route cache): its
+    /// place follows from `hash`, and it takes no part in placement. A
+    /// move would die with the route, and as a resident it would displace
+    /// a topic that lasts.
+    pub(crate) fn transient(hash: usize) -> Self {
+        Self {
+            lasting: false,
+            ..Self::new(hash)
         }
     }
 
     pub(crate) fn id(&self) -> usize {
         self.id
+    }
+
+    /// Whether it takes part in placement (see [`Self::transient`]).
+    pub(crate) fn lasts(&self) -> bool {
+        self.lasting
     }
 
     /// The place its publishes go to now.
@@ -81,6 +101,7 @@ impl Home {
         Self {
             id: self.id,
             place: AtomicUsize::new(self.place()),
+            lasting: self.lasting,
         }
     }
 }
@@ -106,7 +127,7 @@ impl<T> Route<T> {
         let matched = trie.overlapping(topic);
         Route {
             stamp: matched.stamp,
-            home: Home::new(topic_hash(topic) as usize),
+            home: Home::transient(topic_hash(topic) as usize),
             topic: Arc::from(topic),
             nodes: matched.nodes.into_boxed_slice(),
         }
@@ -118,7 +139,7 @@ impl<T> Route<T> {
     pub(crate) fn single(topic: Arc<str>, node: Arc<NodeSubs<T>>) -> Self {
         Route {
             stamp: 0,
-            home: Home::new(topic_hash(&topic) as usize),
+            home: Home::transient(topic_hash(&topic) as usize),
             topic,
             nodes: Box::new([node]),
         }
@@ -269,7 +290,7 @@ impl<T: 'static> RouteCache<T> {
     /// Builds the route from the trie and caches it (when the cache is on).
     fn build_and_cache(&self, trie: &Trie<T>, topic: &str, hash: u64) -> Arc<Route<T>> {
         if self.slots.is_empty() {
-            return Arc::new(build(trie, topic, hash, Home::new(hash as usize)));
+            return Arc::new(build(trie, topic, hash, Home::transient(hash as usize)));
         }
         let slot = self.slot(hash);
         let home = slot
