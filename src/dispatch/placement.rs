@@ -39,10 +39,15 @@
 //!   worse place; the next publish looks again. Where a publish runs never
 //!   changes what runs: placement is a hint, and every place runs any job.
 //!
-//! A route built for one publish and not cached (a request to a filter,
-//! a bridge's delivery, a bus without a route cache) goes to the place its
-//! topic's hash gives and takes no part: it would move for nothing, and as
-//! a resident it would displace a topic that lasts.
+//! A home's move is kept twice: in the home (a cached route's, kept when
+//! the route is rebuilt for its topic) and by the place, whose resident the
+//! route becomes; a route that finds itself resident at another place than
+//! its home says goes there. So a bus without a route cache, which builds a
+//! route (with its topic's hash for an id) for every publish, keeps its
+//! moves too. A route built for one delivery of another kind (a request to
+//! a filter, a bridge's delivery to one filter's subscribers) goes to the
+//! place its topic's hash gives and takes no part: as a resident it would
+//! displace a topic that lasts.
 //!
 //! The publishes a moved route left queued in its old place still run
 //! there, beside its new ones for a moment; ordered handlers keep their
@@ -82,6 +87,15 @@ impl Placement {
         let resident = self.resident[at].load(Ordering::Relaxed);
         if resident == home.id() {
             return at;
+        }
+        // Resident elsewhere, though its home says `at`: a move made on a
+        // route since rebuilt (a bus without a route cache builds one per
+        // publish) is remembered by the place.
+        if let Some(own) = (0..places)
+            .find(|&place| place != at && self.resident[place].load(Ordering::Relaxed) == home.id())
+        {
+            home.move_to(own);
+            return own;
         }
         let place = if busy(at) {
             match (0..places).find(|&other| other != at && !busy(other)) {

@@ -65,11 +65,10 @@ impl Home {
         }
     }
 
-    /// The home of a route built for one publish (not cached: a request
-    /// to a filter, a bridge's delivery, a bus without a route cache): its
-    /// place follows from `hash`, and it takes no part in placement. A
-    /// move would die with the route, and as a resident it would displace
-    /// a topic that lasts.
+    /// The home of a route built for one delivery (a request to a filter,
+    /// a bridge's delivery to one filter's subscribers): its place follows
+    /// from `hash`, and it takes no part in placement: as a resident it
+    /// would displace a topic that lasts.
     pub(crate) fn transient(hash: usize) -> Self {
         Self {
             lasting: false,
@@ -290,7 +289,9 @@ impl<T: 'static> RouteCache<T> {
     /// Builds the route from the trie and caches it (when the cache is on).
     fn build_and_cache(&self, trie: &Trie<T>, topic: &str, hash: u64) -> Arc<Route<T>> {
         if self.slots.is_empty() {
-            return Arc::new(build(trie, topic, hash, Home::transient(hash as usize)));
+            // Its topic's hash for an id: the same at every publish, so
+            // placement remembers its moves (`placement.rs`).
+            return Arc::new(build(trie, topic, hash, Home::new(hash as usize)));
         }
         let slot = self.slot(hash);
         let home = slot

@@ -149,8 +149,14 @@ impl<T: Send + Sync + 'static> Pool<T> {
     /// worker, or an idle one it moves to when another route's publishes
     /// keep that one busy (`placement.rs`).
     pub(crate) fn place(&self, home: &Home) -> usize {
-        self.placement
-            .place(home, |worker| self.shared.busy(worker))
+        // The calling worker is never idle to its own publish: it runs the
+        // handler that publishes (maybe helping another worker, which
+        // `busy` counts as idle), and a request's job moved behind it would
+        // wait for it (`runs_request_here` is decided before this).
+        // Read only off the fast path (a route resident at its place).
+        self.placement.place(home, |worker| {
+            self.shared.busy(worker) || worker_mark::index_in(self.shared.key()) == Some(worker)
+        })
     }
 
     /// Queues the job's runners; see the module docs for a full queue.
