@@ -27,8 +27,9 @@
 //!   guest that finds another place idle, and then stay apart: each is
 //!   resident at its own place, so neither looks elsewhere again.
 //! - A home moves only to a place that was idle when it looked, so moves
-//!   do not chase each other: more busy topics than places find nothing
-//!   idle and stay where they are.
+//!   do not chase each other: more busy topics than places stay where
+//!   they are while no place runs dry, and where one does for a moment,
+//!   a topic that shares a place moves there.
 //! - A pool worker that helps another's publish, or takes over from a
 //!   stalled one, has no work of its own: it counts as idle. Otherwise a
 //!   guest would never find it idle while the two topics' publishes keep
