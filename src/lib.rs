@@ -41,7 +41,9 @@
 //! Units run on a bounded worker pool ([`DeliveryMode::WorkerPool`], the
 //! default), as tokio tasks ([`DeliveryMode::TaskPerSubscriber`]) or on the
 //! publisher's thread ([`DeliveryMode::Inline`]). In the pool, every topic
-//! has a home worker (topics get them in turn) and its publishes run there,
+//! has a home worker (topics get them in turn, and a topic whose worker
+//! another busy topic keeps busy moves to an idle one) and its publishes
+//! run there,
 //! one after another, so its handlers' state stays in one core's cache and
 //! handlers that share state never fight over it between cores; two busy
 //! topics run on two workers. An idle worker helps a publish that has
