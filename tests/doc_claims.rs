@@ -431,10 +431,20 @@ fn an_async_ordered_handler_behind_loses_the_newest_counted() {
                 20,
                 "{mode:?}: {seen:?} {s:?}"
             );
-            assert_eq!(seen[0], 0, "{mode:?}: the oldest is kept: {seen:?}");
+            // The drain may take message 0 out of the mailbox while the
+            // publishes go on (it is a task on the runtime), which frees one
+            // slot: a later message may then fit. But the first four always
+            // fit, and no more than the mailbox plus the one call in progress
+            // get through; dropping the oldest would have kept 16..=19.
+            assert_eq!(
+                seen[..4],
+                [0, 1, 2, 3],
+                "{mode:?}: the oldest are kept: {seen:?}"
+            );
+            assert!(seen.len() <= 5, "{mode:?}: the newest are lost: {seen:?}");
             assert!(
-                !seen.contains(&19),
-                "{mode:?}: the newest is lost: {seen:?}"
+                seen.windows(2).all(|w| w[0] < w[1]),
+                "{mode:?}: in order: {seen:?}"
             );
             assert_eq!(s.delivered, seen.len() as u64, "{mode:?}: {s:?}");
         }
