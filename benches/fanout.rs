@@ -357,22 +357,24 @@ fn service_own_counters() -> (Vec<ServiceRow>, Vec<f64>) {
         for (name, bus, workloads, samples) in &mut setups {
             let deliveries = publishes as f64 * (PER_TOPIC * workloads.len()) as f64;
             let placement = pool_placement(name);
-            let before = placement
-                .as_ref()
-                .and_then(|_| placement::ThreadTimes::now());
+            let before = placement::ThreadTimes::now();
             let time = service::burst(&rt, bus, workloads, publishes);
             let rate = deliveries / time.as_secs_f64() / 1e6;
             samples.push(rate);
-            if let Some(sampler) = placement {
-                // Each thread's time on a core tells a worker that was kept
-                // off one from a worker that did the same work slower.
-                let threads = before
-                    .zip(placement::ThreadTimes::now())
-                    .map(|(before, after)| after.since(&before))
+            // Each thread's time on a core tells a thread that was kept off
+            // one (a long wait: stacked with another) from one that ran the
+            // whole burst slower (the host's doing: see `cores.rs`). For
+            // every setup: `inline`'s two publishers are stacked too.
+            if let Some(threads) = before
+                .zip(placement::ThreadTimes::now())
+                .map(|(before, after)| after.since(&before))
+            {
+                let sampled = placement
+                    .map(|sampler| format!("; {}", sampler.finish()))
                     .unwrap_or_default();
                 println!(
-                    "service, own counters {name:>34}: repetition {rate:.0} M deliveries/s; {}; {threads}",
-                    sampler.finish()
+                    "service, own counters {name:>34}: repetition {rate:.0} M deliveries/s in {:.1} ms{sampled}; {threads}",
+                    time.as_secs_f64() * 1e3,
                 );
             }
         }

@@ -165,6 +165,13 @@ pub struct Config {
     /// parallelism, since more runners than cores only adds switching for
     /// CPU-bound handlers. Must be at least 1 and at most
     /// [`Config::MAX_WORKERS`].
+    ///
+    /// On Linux, a busy pool worker that finds itself on a CPU another busy
+    /// worker runs on (the kernel can keep two there for a whole burst, at
+    /// half speed each) moves to a CPU of its affinity mask that no busy
+    /// worker runs on, if there is one: it narrows its mask to that CPU and
+    /// sets the mask back at once. No thread is left pinned, and a mask the
+    /// service gave its threads is kept.
     pub workers: usize,
     /// The threshold `T`: a publish matching at most `T` subscriptions gives each
     /// its own unit of work; above `T` it is batched (see [`Batch`]). Default 10,

@@ -70,6 +70,12 @@
 //! may hold up its worker with publishes queued behind it that `close`
 //! waits for; in a pool of one worker, nobody else could run them.
 //!
+//! Two busy workers on one CPU run at half speed each while the other CPU
+//! may only run publishers that mostly wait for queue room; the kernel can
+//! leave them so for a whole burst. A busy worker that starts a batch on a
+//! CPU another busy worker holds moves to a CPU nobody busy holds, if its
+//! affinity mask has one, and keeps that mask (`cores.rs`; Linux only).
+//!
 //! Stopping sets a flag and wakes every worker and every waiting publisher
 //! (which then runs its job itself); a worker stops once every queue is
 //! empty, so everything queued before still runs. `close` and dropping the
@@ -82,7 +88,10 @@
 //!   counts that admit work, the wait flags, the running slots.
 //! - `worker.rs` — a worker's loop: finding its next ticket, batching, and
 //!   running.
+//! - `cores.rs` — which CPU each busy worker runs on, and the move off a
+//!   CPU another busy worker holds.
 
+mod cores;
 mod shared;
 mod worker;
 

@@ -20,6 +20,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::cores::Cores;
 use super::STALL;
 use crate::dispatch::batch::Batch;
 use crate::dispatch::Fanout;
@@ -90,6 +91,9 @@ pub(super) struct Shared<T> {
     /// its `next`), not another worker's it helps or took over. Only the
     /// worker itself changes it; read for placement.
     pub(super) runs_own: Vec<CachePadded<AtomicBool>>,
+    /// Which CPU each busy worker runs on, to undo the kernel's stacking
+    /// of two on one (`cores.rs`).
+    pub(super) cores: Cores,
     /// Workers waiting.
     pub(super) idle: CachePadded<AtomicUsize>,
     /// Per queue: the publishers waiting for its room (`Overflow::Wait`).
@@ -478,6 +482,7 @@ impl<T> Shared<T> {
             waiting: flags(false),
             free: flags(true),
             runs_own: flags(false),
+            cores: Cores::new(),
             wanted: Mutex::new(None),
             idle: CachePadded::new(AtomicUsize::new(0)),
             room: (0..workers).map(|_| CachePadded::default()).collect(),

@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use super::cores::Seat;
 use super::shared::{Joinable, Shared, Ticket, Watch};
 use super::{PoolRunner, STALL};
 use crate::dispatch::batch::{Batch, Jobs};
@@ -43,6 +44,7 @@ pub(super) fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>,
     let mut stash = None;
     // The last batch's allocation, for the next.
     let mut spare = None;
+    let mut seat = Seat::new();
     while let Some((ticket, from)) = next_ticket(me, shared, &mut watch) {
         let (job, whole) = match ticket {
             Ticket::Run(job) => {
@@ -65,6 +67,11 @@ pub(super) fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>,
             shared.put_next(me, ticket);
         }
         if jobs.len() > 1 {
+            if shared.runs_own[me].load(Ordering::Relaxed) {
+                shared.cores.look(me, &mut seat, |worker| {
+                    shared.runs_own[worker].load(Ordering::Relaxed)
+                });
+            }
             let batch = batch_of(&mut spare, jobs);
             let shown = (job.total() > 1).then(|| Joinable::Batch(Arc::clone(&batch)));
             run_shown(me, shared, shown, || run_batch(&batch, shared, env));
