@@ -16,11 +16,11 @@
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use blazesub::{Bus, DeliveryMode, Message};
-use common::wait_until;
+use common::{wait_until, Gate};
 
 const LIMIT: Duration = Duration::from_secs(20);
 const WARM_UP: usize = 5;
@@ -36,29 +36,6 @@ fn most_common(threads: &[String]) -> String {
         .unwrap()
         .0
         .clone()
-}
-
-/// A gate a handler waits at (bounded: a test never hangs on it).
-#[derive(Default)]
-struct Gate {
-    open: Mutex<bool>,
-    opened: Condvar,
-}
-
-impl Gate {
-    fn wait(&self) {
-        let open = self.open.lock().unwrap();
-        let (open, _) = self
-            .opened
-            .wait_timeout_while(open, LIMIT, |open| !*open)
-            .unwrap();
-        drop(open);
-    }
-
-    fn open(&self) {
-        *self.open.lock().unwrap() = true;
-        self.opened.notify_all();
-    }
 }
 
 /// Per topic: the thread name of each delivery, in order, and a count of

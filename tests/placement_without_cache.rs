@@ -19,33 +19,13 @@
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use blazesub::{Bus, DeliveryMode, Message, Overflow};
-use common::wait_until;
+use common::{wait_until, Gate};
 
 const LIMIT: Duration = Duration::from_secs(20);
-
-#[derive(Default)]
-struct Gate {
-    open: Mutex<bool>,
-    opened: Condvar,
-}
-
-impl Gate {
-    fn wait(&self) {
-        let open = self.open.lock().unwrap();
-        let _ = self
-            .opened
-            .wait_timeout_while(open, LIMIT, |open| !*open)
-            .unwrap();
-    }
-    fn open(&self) {
-        *self.open.lock().unwrap() = true;
-        self.opened.notify_all();
-    }
-}
 
 #[derive(Default)]
 struct Seen {
