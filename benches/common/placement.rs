@@ -15,7 +15,8 @@
 //! printed per repetition by the cliff bench's service pass and by the
 //! fanout bench's own-counters pass (`worker_pool` setups).
 //!
-//! Opt-in (`BLAZESUB_PLACEMENT=1`): the sampler is a thread waking every
+//! Opt-in (`BLAZESUB_PLACEMENT=1`, or `=threads` for [`ThreadTimes`]
+//! alone): the sampler is a thread waking every
 //! millisecond, which the timed figures should not carry by default. It is
 //! not free: reading every thread's `stat` each millisecond took 6-9 ms of
 //! CPU per 40 ms burst in the twenty-fifth session, a third party on two
@@ -72,7 +73,10 @@ pub fn wanted() -> bool {
 impl Sampler {
     /// Starts sampling if [`wanted`] and the platform has `/proc`.
     pub fn start() -> Option<Self> {
-        if !wanted() || !std::path::Path::new("/proc/self/task").exists() {
+        // `BLAZESUB_PLACEMENT=threads`: only each thread's times, which cost
+        // nothing during the burst; the sampler is a third busy thread.
+        let threads_only = std::env::var_os("BLAZESUB_PLACEMENT").is_some_and(|v| v == "threads");
+        if !wanted() || threads_only || !std::path::Path::new("/proc/self/task").exists() {
             return None;
         }
         let stop = Arc::new(AtomicBool::new(false));
