@@ -25,8 +25,9 @@
 //!   free to move the worker again; a worker the kernel stacks again moves
 //!   again at its next batch.
 //! - Nothing is timed and nothing is pinned. With no CPU free (more busy
-//!   workers than CPUs, or a mask of one CPU) nobody moves. A failed
-//!   system call turns it off for that worker.
+//!   workers than CPUs) nobody moves. A pool of one worker, or a mask of
+//!   one CPU when the pool starts, never looks. A failed system call turns
+//!   it off for that worker.
 //! - Linux only (elsewhere a worker never looks), and never under loom.
 
 use crate::sync::{AtomicUsize, Ordering};
@@ -61,11 +62,14 @@ impl Seat {
 
 impl Cores {
     /// A table for the CPUs this thread may run on now (its workers
-    /// inherit the mask); empty where the platform says nothing.
-    pub(super) fn new() -> Self {
-        let cpus = os::allowed().map_or(0, |allowed| {
-            allowed.iter().max().map_or(0, |&highest| highest + 1)
-        });
+    /// inherit the mask); empty where the platform says nothing, and for
+    /// one worker or one CPU, where nobody can stack on anybody or move.
+    pub(super) fn new(workers: usize) -> Self {
+        let cpus = os::allowed()
+            .filter(|allowed| workers > 1 && allowed.len() > 1)
+            .map_or(0, |allowed| {
+                allowed.iter().max().map_or(0, |&highest| highest + 1)
+            });
         Self {
             occupants: (0..cpus).map(|_| AtomicUsize::new(0)).collect(),
         }
@@ -75,6 +79,11 @@ impl Cores {
     /// a free one if a busy worker (`busy(index)`) occupies it.
     pub(super) fn look(&self, me: usize, seat: &mut Seat, busy: impl Fn(usize) -> bool) {
         if !seat.enabled {
+            return;
+        }
+        if self.occupants.is_empty() {
+            // Not even the `getcpu` a look costs.
+            seat.enabled = false;
             return;
         }
         let Some(cpu) = os::current() else {
@@ -205,7 +214,7 @@ mod tests {
             return;
         }
         std::thread::spawn(move || {
-            let cores = Cores::new();
+            let cores = Cores::new(2);
             let here = allowed[0];
             // Put this thread on `here` (the kernel moves it at once). A
             // sandbox that refuses affinity calls leaves nothing to test:
@@ -242,14 +251,24 @@ mod tests {
         .unwrap();
     }
 
+    /// A pool of one worker never looks (nor pays the `getcpu`).
+    #[test]
+    fn a_single_worker_never_looks() {
+        let cores = Cores::new(1);
+        let mut seat = Seat::new();
+        cores.look(0, &mut seat, |_| true);
+        assert_eq!(seat.at(), None);
+        assert!(!seat.enabled, "turned off for good");
+    }
+
     /// With no CPU free, a stacked worker stays where it is.
     #[test]
     fn nobody_moves_when_every_cpu_is_occupied_by_a_busy_worker() {
-        let Some(allowed) = os::allowed() else {
+        let Some(allowed) = os::allowed().filter(|allowed| allowed.len() > 1) else {
             return;
         };
         std::thread::spawn(move || {
-            let cores = Cores::new();
+            let cores = Cores::new(2);
             for (worker, &cpu) in allowed.iter().enumerate() {
                 cores.occupants[cpu].store(worker + 1, Ordering::Relaxed);
             }

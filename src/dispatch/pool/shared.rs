@@ -482,7 +482,7 @@ impl<T> Shared<T> {
             waiting: flags(false),
             free: flags(true),
             runs_own: flags(false),
-            cores: Cores::new(),
+            cores: Cores::new(workers),
             wanted: Mutex::new(None),
             idle: CachePadded::new(AtomicUsize::new(0)),
             room: (0..workers).map(|_| CachePadded::default()).collect(),
