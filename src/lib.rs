@@ -46,7 +46,9 @@
 //! run there,
 //! one after another, so its handlers' state stays in one core's cache and
 //! handlers that share state never fight over it between cores; two busy
-//! topics run on two workers. An idle worker helps a publish that has
+//! topics run on two workers (on Linux, a busy worker that finds another on
+//! its CPU moves itself to a free one: see [`Config::workers`]). An idle
+//! worker helps a publish that has
 //! nothing queued behind it, and takes over from a worker stalled in a slow
 //! handler. When a pool queue or the task cap is full, [`Overflow`] decides:
 //! the publisher waits for room (`Wait`, the default), runs the work itself

@@ -8,7 +8,7 @@
 //! mostly wait for queue room; the two topics' fan-outs then share one
 //! core and run at half speed (issue 12: a repetition 1.3-1.7x slower than
 //! its process's others, with both workers on one CPU for 97-100% of it).
-//! The kernel's balancer leaves them there because each keeps running.
+//! The kernel parts them at last, sometimes only after the burst.
 //!
 //! # Contract
 //! - Each CPU has at most one *occupant*: the busy worker (running work of
