@@ -42,10 +42,11 @@
 //!
 //! A home's move is kept twice: in the home (a cached route's, kept when
 //! the route is rebuilt for its topic) and by the place, whose resident the
-//! route becomes; a route that finds itself resident at another place than
-//! its home says goes there. So a bus without a route cache, which builds a
-//! route (with its topic's hash for an id) for every publish, keeps its
-//! moves too. A route built for one delivery of another kind (a request to
+//! route becomes. A bus without a route cache builds a route (with its
+//! topic's hash for an id) for every publish; such a route that finds
+//! itself resident at another place than its home says goes there, so that
+//! bus keeps its moves too. A cached route never looks (its home has its
+//! moves): the look reads every place. A route built for one delivery of another kind (a request to
 //! a filter, a bridge's delivery to one filter's subscribers) goes to the
 //! place its topic's hash gives and takes no part: as a resident it would
 //! displace a topic that lasts.
@@ -91,12 +92,15 @@ impl Placement {
         }
         // Resident elsewhere, though its home says `at`: a move made on a
         // route since rebuilt (a bus without a route cache builds one per
-        // publish) is remembered by the place.
-        if let Some(own) = (0..places)
-            .find(|&place| place != at && self.resident[place].load(Ordering::Relaxed) == home.id())
-        {
-            home.move_to(own);
-            return own;
+        // publish) is remembered by the place. A cached route's home keeps
+        // its moves, so only such a route looks (a look at every place).
+        if home.forgets_moves() {
+            if let Some(own) = (0..places).find(|&place| {
+                place != at && self.resident[place].load(Ordering::Relaxed) == home.id()
+            }) {
+                home.move_to(own);
+                return own;
+            }
         }
         let place = if busy(at) {
             match (0..places).find(|&other| other != at && !busy(other)) {
@@ -160,6 +164,21 @@ mod tests {
         // Its own place idle: it stays, and is resident there now.
         assert_eq!(placement.place(&c, |place| place == 1), 0);
         assert_eq!(placement.place(&c, |_| true), 0);
+    }
+
+    #[test]
+    fn a_route_built_per_publish_finds_the_place_its_move_went_to() {
+        let placement = Placement::new(2);
+        let a = Home::new(0);
+        assert_eq!(placement.place(&a, |_| false), 0);
+        // The first route of `b`'s topic finds 0 taken and 1 idle: it moves.
+        let b = Home::per_publish(2);
+        assert_eq!(placement.place(&b, |place| place == 0), 1);
+        // The next publish's route starts at its hash's place again, and
+        // goes where the place remembers it, busy or not.
+        let rebuilt = Home::per_publish(2);
+        assert_eq!(placement.place(&rebuilt, |_| true), 1);
+        assert_eq!(rebuilt.place(), 1);
     }
 
     #[test]

@@ -52,16 +52,38 @@ pub(crate) type Positions = SmallVec<[u64; 1]>;
 pub(crate) struct Home {
     id: usize,
     place: AtomicUsize,
-    /// A cached route's: its moves last as long as its topic's route.
-    lasting: bool,
+    lifetime: Lifetime,
+}
+
+/// How long a home's moves last with it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lifetime {
+    /// A cached route's: as long as its topic's route (kept when rebuilt).
+    Cached,
+    /// A route built for each publish (no route cache): not past the
+    /// publish, so the place remembers them (`dispatch/placement.rs`).
+    PerPublish,
+    /// A route built for one delivery: it takes no part in placement.
+    OneDelivery,
 }
 
 impl Home {
+    /// The home of a cached route.
     pub(crate) fn new(id: usize) -> Self {
         Self {
             id,
             place: AtomicUsize::new(id),
-            lasting: true,
+            lifetime: Lifetime::Cached,
+        }
+    }
+
+    /// The home of a route built for one publish of its topic (a bus
+    /// without a route cache), with its topic's hash for an id: the same
+    /// at every publish, so the place a move went to finds it again.
+    pub(crate) fn per_publish(hash: usize) -> Self {
+        Self {
+            lifetime: Lifetime::PerPublish,
+            ..Self::new(hash)
         }
     }
 
@@ -71,7 +93,7 @@ impl Home {
     /// would displace a topic that lasts.
     pub(crate) fn transient(hash: usize) -> Self {
         Self {
-            lasting: false,
+            lifetime: Lifetime::OneDelivery,
             ..Self::new(hash)
         }
     }
@@ -82,7 +104,13 @@ impl Home {
 
     /// Whether it takes part in placement (see [`Self::transient`]).
     pub(crate) fn lasts(&self) -> bool {
-        self.lasting
+        self.lifetime != Lifetime::OneDelivery
+    }
+
+    /// Whether its moves are forgotten with it, and only the place it
+    /// moved to remembers them (see [`Self::per_publish`]).
+    pub(crate) fn forgets_moves(&self) -> bool {
+        self.lifetime == Lifetime::PerPublish
     }
 
     /// The place its publishes go to now.
@@ -100,7 +128,7 @@ impl Home {
         Self {
             id: self.id,
             place: AtomicUsize::new(self.place()),
-            lasting: self.lasting,
+            lifetime: self.lifetime,
         }
     }
 }
@@ -289,9 +317,7 @@ impl<T: 'static> RouteCache<T> {
     /// Builds the route from the trie and caches it (when the cache is on).
     fn build_and_cache(&self, trie: &Trie<T>, topic: &str, hash: u64) -> Arc<Route<T>> {
         if self.slots.is_empty() {
-            // Its topic's hash for an id: the same at every publish, so
-            // placement remembers its moves (`placement.rs`).
-            return Arc::new(build(trie, topic, hash, Home::new(hash as usize)));
+            return Arc::new(build(trie, topic, hash, Home::per_publish(hash as usize)));
         }
         let slot = self.slot(hash);
         let home = slot
