@@ -15,12 +15,12 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
-use blazesub::{Bus, DeliveryMode, Message};
-use common::{wait_until, Gate};
+use blazesub::{Bus, DeliveryMode};
+use common::{subscribe_recording, wait_until, Gate, OpenOnDrop, Seen};
 
 const LIMIT: Duration = Duration::from_secs(20);
 const WARM_UP: usize = 5;
@@ -36,41 +36,6 @@ fn most_common(threads: &[String]) -> String {
         .unwrap()
         .0
         .clone()
-}
-
-/// Per topic: the thread name of each delivery, in order, and a count of
-/// deliveries that finished.
-#[derive(Default)]
-struct Seen {
-    threads: Mutex<Vec<String>>,
-    started: AtomicUsize,
-    done: AtomicUsize,
-}
-
-fn thread_name() -> String {
-    std::thread::current().name().unwrap_or("?").to_owned()
-}
-
-/// One subscription on `topic` recording where it runs; message 1 waits at
-/// `gate` (if any) before it returns.
-fn subscribe(
-    bus: &Bus<u32>,
-    topic: &str,
-    gate: Option<Arc<Gate>>,
-    seen: &Arc<Seen>,
-) -> blazesub::Subscription {
-    let seen = Arc::clone(seen);
-    bus.subscribe(topic, move |message: &Message<u32>| {
-        seen.threads.lock().unwrap().push(thread_name());
-        seen.started.fetch_add(1, Ordering::SeqCst);
-        if *message.data() == 1 {
-            if let Some(gate) = &gate {
-                gate.wait();
-            }
-        }
-        seen.done.fetch_add(1, Ordering::SeqCst);
-    })
-    .unwrap()
 }
 
 #[test]
@@ -114,18 +79,11 @@ fn try_once() -> Result<(String, Vec<String>), String> {
         Arc::new(Seen::default()),
     );
     let (h_gate, x_gate) = (Arc::new(Gate::default()), Arc::new(Gate::default()));
-    // Opened however the try ends: no handler waits out its gate's limit.
-    struct Open(Vec<Arc<Gate>>);
-    impl Drop for Open {
-        fn drop(&mut self) {
-            self.0.iter().for_each(|gate| gate.open());
-        }
-    }
-    let _open = Open(vec![Arc::clone(&h_gate), Arc::clone(&x_gate)]);
+    let _open = OpenOnDrop(vec![Arc::clone(&h_gate), Arc::clone(&x_gate)]);
     let _subs = [
-        subscribe(&bus, "h", Some(Arc::clone(&h_gate)), &h),
-        subscribe(&bus, "x", Some(Arc::clone(&x_gate)), &x),
-        subscribe(&bus, "l", None, &l),
+        subscribe_recording(&bus, "h", Some(Arc::clone(&h_gate)), &h),
+        subscribe_recording(&bus, "x", Some(Arc::clone(&x_gate)), &x),
+        subscribe_recording(&bus, "l", None, &l),
     ];
 
     // Warm-up on a quiet bus, one publish at a time: both workers are up

@@ -18,43 +18,14 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
-use blazesub::{Bus, DeliveryMode, Message, Overflow};
-use common::{wait_until, Gate};
+use blazesub::{Bus, DeliveryMode, Overflow};
+use common::{subscribe_recording, wait_until, Gate, OpenOnDrop, Seen};
 
 const LIMIT: Duration = Duration::from_secs(20);
-
-#[derive(Default)]
-struct Seen {
-    threads: Mutex<Vec<String>>,
-    started: AtomicUsize,
-    done: AtomicUsize,
-}
-
-fn thread_name() -> String {
-    std::thread::current().name().unwrap_or("?").to_owned()
-}
-
-fn subscribe(
-    bus: &Bus<u32>,
-    topic: &str,
-    gate: &Arc<Gate>,
-    seen: &Arc<Seen>,
-) -> blazesub::Subscription {
-    let (gate, seen) = (Arc::clone(gate), Arc::clone(seen));
-    bus.subscribe(topic, move |message: &Message<u32>| {
-        seen.threads.lock().unwrap().push(thread_name());
-        seen.started.fetch_add(1, Ordering::SeqCst);
-        if *message.data() == 1 {
-            gate.wait();
-        }
-        seen.done.fetch_add(1, Ordering::SeqCst);
-    })
-    .unwrap()
-}
 
 /// Two topics that run on one worker on a quiet bus (same hash home).
 fn same_home_pair(bus: &Bus<u32>) -> (String, String) {
@@ -64,7 +35,7 @@ fn same_home_pair(bus: &Bus<u32>) -> (String, String) {
     let mut by_thread: std::collections::HashMap<String, Vec<String>> = Default::default();
     for n in 0..32 {
         let topic = format!("probe{n}");
-        let sub = subscribe(bus, &topic, &gate, &seen);
+        let sub = subscribe_recording(bus, &topic, Some(Arc::clone(&gate)), &seen);
         // A few quiet publishes; the thread most of them ran on.
         let mut threads = Vec::new();
         for _ in 0..3 {
@@ -100,14 +71,11 @@ fn try_once(cache: usize) -> Result<(), String> {
     let (ta, tb) = same_home_pair(&bus);
     let (a, b) = (Arc::new(Seen::default()), Arc::new(Seen::default()));
     let (ga, gb) = (Arc::new(Gate::default()), Arc::new(Gate::default()));
-    struct Open(Vec<Arc<Gate>>);
-    impl Drop for Open {
-        fn drop(&mut self) {
-            self.0.iter().for_each(|gate| gate.open());
-        }
-    }
-    let _open = Open(vec![Arc::clone(&ga), Arc::clone(&gb)]);
-    let _subs = [subscribe(&bus, &ta, &ga, &a), subscribe(&bus, &tb, &gb, &b)];
+    let _open = OpenOnDrop(vec![Arc::clone(&ga), Arc::clone(&gb)]);
+    let _subs = [
+        subscribe_recording(&bus, &ta, Some(Arc::clone(&ga)), &a),
+        subscribe_recording(&bus, &tb, Some(Arc::clone(&gb)), &b),
+    ];
     std::thread::sleep(Duration::from_millis(20));
 
     // `a` holds its worker w.

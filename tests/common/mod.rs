@@ -2,8 +2,9 @@
 //! lists, per-message hit counters, a gate that blocks handlers until the
 //! test opens it, polling with a deadline, running a step with a time limit
 //! (a test that would hang fails instead), a countdown latch and a barrier
-//! that give up, a runtime to give a bus, the process's resident memory, and
-//! numbers read from the environment.
+//! that give up, a runtime to give a bus, the process's resident memory,
+//! numbers read from the environment, and a handler that records the thread
+//! each delivery ran on.
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -379,4 +380,46 @@ pub fn counters(
         })
         .collect();
     (subs, count)
+}
+
+/// Per topic: the thread name of each delivery, in order, and counts of
+/// deliveries started and finished.
+#[derive(Default)]
+pub struct Seen {
+    pub threads: Mutex<Vec<String>>,
+    pub started: std::sync::atomic::AtomicUsize,
+    pub done: std::sync::atomic::AtomicUsize,
+}
+
+/// One subscription on `topic` recording where each delivery runs in
+/// `seen`; message 1 waits at `gate` (if any) before it returns.
+pub fn subscribe_recording(
+    bus: &blazesub::Bus<u32>,
+    topic: &str,
+    gate: Option<std::sync::Arc<Gate>>,
+    seen: &std::sync::Arc<Seen>,
+) -> blazesub::Subscription {
+    let seen = std::sync::Arc::clone(seen);
+    bus.subscribe(topic, move |message: &blazesub::Message<u32>| {
+        let thread = std::thread::current().name().unwrap_or("?").to_owned();
+        seen.threads.lock().unwrap().push(thread);
+        seen.started.fetch_add(1, Ordering::SeqCst);
+        if *message.data() == 1 {
+            if let Some(gate) = &gate {
+                gate.wait();
+            }
+        }
+        seen.done.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap()
+}
+
+/// Opens its gates when dropped, however a test ends: no handler waits
+/// out a gate's limit.
+pub struct OpenOnDrop(pub Vec<std::sync::Arc<Gate>>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.iter().for_each(|gate| gate.open());
+    }
 }
