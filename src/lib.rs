@@ -273,6 +273,12 @@ mod loom_tests;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctest;
 
+/// `docs/contracts.md`'s program choosing a delivery contract, compiled and
+/// run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/contracts.md")]
+struct ContractsDoctest;
+
 pub use builder::BusBuilder;
 pub use bus::{Bus, ByteBus, Footprint};
 pub use config::{Batch, Config, DeliveryMode, Overflow, SharePolicy};
