@@ -17,7 +17,10 @@
 //! a task on a 2-worker tokio runtime, as in a service. Two shapes: 1,000
 //! handlers on one shared counter (ns per publish against the raw loop run
 //! by a task), and 500 handlers per topic each on a counter of its own, with
-//! one and two publisher tasks (deliveries per second against `Inline`).
+//! one and two publisher tasks (deliveries per second against `Inline`, and
+//! against the same closures in a raw loop run by one or two tasks: with
+//! two, how steadily the machine runs two busy runtime threads, no bus
+//! involved).
 //! Each setup runs 5 repetitions of bursts of 10,000 publishes, alternating
 //! between setups; the tables give the median and the spread.
 //!
@@ -349,11 +352,46 @@ fn service_own_counters() -> (Vec<ServiceRow>, Vec<f64>) {
     for (_, bus, workloads, _) in &mut setups {
         service::burst(&rt, bus, workloads, publishes);
     }
+    // The same closures in a raw loop, a task per publisher: what the
+    // machine gets done with no bus, and how steadily (its two-publisher
+    // repetitions show how the kernel places two busy runtime threads).
+    let mut raws: Vec<_> = [1usize, 2]
+        .into_iter()
+        .map(|publishers| {
+            let sets: Vec<_> = (0..publishers)
+                .map(|_| service::raw_own_counters(PER_TOPIC))
+                .collect();
+            let name = format!(
+                "raw_loop ({publishers} publisher{})",
+                if publishers == 1 { "" } else { "s" }
+            );
+            (name, sets, Vec::new())
+        })
+        .collect();
+    for (_, sets, _) in &raws {
+        service::raw_bursts(&rt, sets, publishes);
+    }
     let mut round_trips = Vec::new();
     for _ in 0..repetitions {
         let round_trip = cores::line_round_trip_ns();
         println!("cpus: cache-line round trip {round_trip:.0} ns");
         round_trips.push(round_trip);
+        for (name, sets, samples) in &mut raws {
+            let deliveries = publishes as f64 * (PER_TOPIC * sets.len()) as f64;
+            let before = placement::ThreadTimes::now();
+            let time = service::raw_bursts(&rt, sets, publishes);
+            let rate = deliveries / time.as_secs_f64() / 1e6;
+            samples.push(rate);
+            if let Some(threads) = before
+                .zip(placement::ThreadTimes::now())
+                .map(|(before, after)| after.since(&before))
+            {
+                println!(
+                    "service, own counters {name:>34}: repetition {rate:.0} M deliveries/s in {:.1} ms; {threads}",
+                    time.as_secs_f64() * 1e3,
+                );
+            }
+        }
         for (name, bus, workloads, samples) in &mut setups {
             let deliveries = publishes as f64 * (PER_TOPIC * workloads.len()) as f64;
             let placement = pool_placement(name);
@@ -379,9 +417,15 @@ fn service_own_counters() -> (Vec<ServiceRow>, Vec<f64>) {
             }
         }
     }
-    let rows = setups
+    let rows = raws
         .into_iter()
-        .map(|(name, _, _, samples)| {
+        .map(|(name, _, samples)| (name, samples))
+        .chain(
+            setups
+                .into_iter()
+                .map(|(name, _, _, samples)| (name, samples)),
+        )
+        .map(|(name, samples)| {
             let (median, slowest, fastest) = service::spread(&samples);
             println!(
                 "service, own counters {name:>34}: median {median:.0} M deliveries/s, \

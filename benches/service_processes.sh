@@ -5,6 +5,8 @@
 # how many processes a repetition ran over 1.3x slower than that process's
 # fastest. The targets: no default-mode (worker_pool) figure more than 1.3x
 # from its median, and no repetition more than 1.3x from its fastest.
+# The raw_loop rows run the same closures with no bus (two publisher tasks
+# for "2 publishers"): how often they dip is the machine's floor.
 #
 #   benches/service_processes.sh [N]
 set -euo pipefail

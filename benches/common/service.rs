@@ -279,6 +279,55 @@ pub fn raw_shared_counter_entry_sized(subscribers: usize) -> RawClosures {
     })
 }
 
+/// Closures doing what [`own_counters`]' handlers do (each bumps a
+/// cache-padded counter of its own, completion check included), for the
+/// raw loop.
+pub fn raw_own_counters(subscribers: usize) -> RawClosures {
+    let completion = Completion::new(subscribers);
+    Arc::new(
+        (0..subscribers)
+            .map(|_| {
+                let counter = CachePadded::new(AtomicU64::new(0));
+                let completion = Arc::clone(&completion);
+                Box::new(move |_: &u64| {
+                    completion.counted(counter.fetch_add(1, Ordering::Relaxed) + 1);
+                }) as Box<dyn Fn(&u64) + Send + Sync>
+            })
+            .collect(),
+    )
+}
+
+/// The raw loop with a publisher per closure set: one task each on
+/// `runtime`, calling its closures for each of `publishes` values, timed
+/// as [`burst`] times the bus (from before the tasks are spawned until the
+/// last has returned). The floor of what two publishers can get done on
+/// the machine, and of how steadily: no bus is involved.
+pub fn raw_bursts(
+    runtime: &tokio::runtime::Runtime,
+    sets: &[RawClosures],
+    publishes: u64,
+) -> Duration {
+    let start = Instant::now();
+    let publishers: Vec<_> = sets
+        .iter()
+        .map(|closures| {
+            let closures = Arc::clone(closures);
+            runtime.spawn(async move {
+                for i in 0..publishes {
+                    let value = black_box(i);
+                    for closure in closures.iter() {
+                        closure(&value);
+                    }
+                }
+            })
+        })
+        .collect();
+    for publisher in publishers {
+        runtime.block_on(publisher).expect("raw loop task");
+    }
+    start.elapsed()
+}
+
 /// `samples` in the order they were taken, for the console: whether the
 /// slow repetitions of a setup come first (a transient) or anywhere.
 pub fn in_order(samples: &[f64]) -> String {
