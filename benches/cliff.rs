@@ -420,7 +420,7 @@ fn write_report(
     let mut report = Report::new(
         "cliff",
         "The threshold cliff: 1,000 subscribers, T = 1 … 2,000",
-        &["blazesub", "tokio", "crossbeam-channel", "criterion"],
+        &["blazesub", "tokio", "crossbeam-queue", "criterion"],
     );
     let inline = results.get(INLINE.name).map(|e| e.mean_ns);
     let inline_allocs = allocations.get(INLINE.name).copied();

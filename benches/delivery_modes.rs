@@ -510,7 +510,7 @@ fn write_report(measured: &Measured) {
             "blazesub",
             "rumqttd",
             "tokio",
-            "crossbeam-channel",
+            "crossbeam-queue",
             "criterion",
         ],
     );

@@ -472,7 +472,7 @@ fn write_report(
     let mut report = Report::new(
         "fanout",
         "Fan-out to 1,000 subscribers, end to end",
-        &["blazesub", "tokio", "crossbeam-channel", "criterion"],
+        &["blazesub", "tokio", "crossbeam-queue", "criterion"],
     );
     let mut times = Table::new(
         "Time per publish until all 1,000 handlers ran",

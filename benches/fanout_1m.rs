@@ -535,7 +535,7 @@ fn write_report(shots: &[OneShot]) {
     let mut report = Report::new(
         "fanout_1m",
         "One message to 1,000,000 subscribers",
-        &["blazesub", "tokio", "crossbeam-channel", "criterion"],
+        &["blazesub", "tokio", "crossbeam-queue", "criterion"],
     );
 
     let mut main = Table::new(

@@ -375,7 +375,7 @@ fn write_report(memory: &[MemoryRow]) {
     let mut report = Report::new(
         "payload_matrix",
         "Payload size × subscribers on a ByteBus",
-        &["blazesub", "bytes", "crossbeam-channel", "criterion"],
+        &["blazesub", "bytes", "crossbeam-queue", "criterion"],
     );
 
     let time_table = matrix(

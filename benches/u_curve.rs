@@ -448,7 +448,7 @@ fn write_report(passes: &[(Setting, Pass)], work_ns: f64) {
         &[
             "blazesub",
             "tokio",
-            "crossbeam-channel",
+            "crossbeam-queue",
             "hdrhistogram",
             "criterion",
         ],

@@ -186,10 +186,11 @@ pub struct Config {
     pub overflow: Overflow,
     /// Capacity of the worker pool's queues, in jobs (a publish takes one or a
     /// few), shared out evenly: each worker has a queue of its own of
-    /// `queue_capacity / workers` (at least 1). Default 4,096: room for a
-    /// burst of thousands of publishes before the overflow policy applies,
-    /// for about 100 KiB. Must be at least 1 and at most
-    /// [`Config::MAX_QUEUE_CAPACITY`] (the queues are allocated whole).
+    /// `queue_capacity / workers` (at least 1), beside the publish it runs.
+    /// Default 4,096: room for a burst of thousands of publishes before the
+    /// overflow policy applies, for about 100 KiB when full (a queue's
+    /// memory grows with what it holds). Must be at least 1 and at most
+    /// [`Config::MAX_QUEUE_CAPACITY`].
     pub queue_capacity: usize,
     /// The most tasks a `TaskPerSubscriber` bus (or an async handler still
     /// running after its first poll) keeps alive at once. Default 1,024: enough
@@ -290,8 +291,7 @@ impl Config {
     /// (`TaskPerSubscriber`), made when the bus is built.
     pub const MAX_WORKERS: usize = 4_096;
 
-    /// The most `queue_capacity`: the pool's queues are allocated whole
-    /// when the bus is built.
+    /// The most `queue_capacity`: a bound on the memory full queues take.
     pub const MAX_QUEUE_CAPACITY: usize = 1 << 24;
 
     /// Checks every field, naming the first that is invalid.

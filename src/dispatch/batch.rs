@@ -118,6 +118,11 @@ impl<T: Send + Sync + 'static> Batch<T> {
         batch
     }
 
+    /// Its jobs, for a batch of another allocation.
+    pub(crate) fn into_jobs(self) -> Jobs<T> {
+        self.jobs
+    }
+
     /// Makes this the batch of `jobs`, dropping the jobs it held.
     pub(crate) fn refill(&mut self, jobs: Jobs<T>) {
         self.jobs = jobs;

@@ -1,13 +1,17 @@
-//! [`Lane`]: the publishes of some routes in `TaskPerSubscriber` mode,
-//! queued and run in order by one server at a time.
+//! [`Lane`]: the publishes of some routes, queued and run in order by one
+//! server at a time: the queue engine of both threaded modes. In
+//! `TaskPerSubscriber` the lane's task is a tokio task (`tasks.rs`); in
+//! `WorkerPool` it is the lane's worker thread, started by a ring of its
+//! bell instead of a spawn (`pool/`).
 //!
 //! # Contract
 //! - A route's publishes go to lane `home % lanes` (`registry/route.rs`:
-//!   routes get homes in turn), as they go to a pool worker. One topic's
+//!   routes get homes in turn). One topic's
 //!   publishes then run one after another in one place, so handlers that
 //!   share state do not fight over it between cores; two busy topics run
 //!   in two lanes.
-//! - A lane holds at most `capacity` publishes. Only the caller decides
+//! - A lane holds at most `capacity` publishes, queued or taken by a server
+//!   or a share and not yet run. Only the caller decides
 //!   what a full lane means (wait, run, drop: see `tasks.rs`).
 //! - *Servers* take work from the head of the queue: the lane's task
 //!   (spawned when work arrives and none is alive; at most one), and
@@ -18,6 +22,11 @@
 //!   task when it leaves with work still queued. So queued work always has
 //!   a server or a task on its way, and one lane's handlers run in one
 //!   place unless its server stalls.
+//! - A *share* is taken once, beside or instead of a stalled server (a pool
+//!   worker taking over, a `close`'s stand-in): at most half of what is
+//!   queued after the head. Its taker is no server: the lane's server still
+//!   serves the rest, and with none on the lane, the share's end starts
+//!   the lane's task again if work is left.
 //! - A server takes the consecutive publishes at the head that hold the
 //!   same deliveries (a burst to one topic), up to [`MAX_BATCH`], as one
 //!   [`Batch`]: the subscriptions are walked once for all of them. A
@@ -35,7 +44,7 @@ use super::batch::{Batch, Jobs};
 use super::fanout::MAX_BATCH;
 use super::{Env, Fanout, Runner};
 use crate::stats::Tally;
-use crate::sync::{Condvar, Mutex, MutexGuard};
+use crate::sync::{AtomicBool, Condvar, Mutex, MutexGuard, Ordering};
 
 /// One lane; see the module docs.
 pub(crate) struct Lane<T> {
@@ -136,6 +145,30 @@ pub(crate) enum Server {
     Other,
 }
 
+impl<T> Lane<T> {
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a server runs something or publishes are queued (for
+    /// placement).
+    pub(crate) fn is_busy(&self) -> bool {
+        let state = self.lock();
+        state.used() > 0 || state.serving > 0
+    }
+
+    /// Whether publishes are queued (not counting those servers took).
+    pub(crate) fn has_queued(&self) -> bool {
+        !self.lock().queue.is_empty()
+    }
+
+    /// Wakes every publisher waiting for room (the bus is closing).
+    pub(crate) fn wake_waiting(&self) {
+        let _state = self.lock();
+        self.room.notify_all();
+    }
+}
+
 impl<T: Send + Sync + 'static> Lane<T> {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
@@ -195,13 +228,6 @@ impl<T: Send + Sync + 'static> Lane<T> {
         state.queue.drain(..).map(|queued| queued.job).collect()
     }
 
-    /// Whether a server runs something or publishes are queued (for
-    /// placement).
-    pub(crate) fn is_busy(&self) -> bool {
-        let state = self.lock();
-        state.used() > 0 || state.serving > 0
-    }
-
     /// The room taken now: queued publishes and those servers hold.
     #[cfg(all(test, loom))]
     pub(crate) fn room_used(&self) -> usize {
@@ -212,10 +238,6 @@ impl<T: Send + Sync + 'static> Lane<T> {
     #[cfg(all(test, loom))]
     pub(crate) fn has_task(&self) -> bool {
         self.lock().task
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State<T>> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Queues `job` if the lane has room. A lone publish that may take
@@ -246,23 +268,104 @@ impl<T: Send + Sync + 'static> Lane<T> {
     /// again without serving: `false` when the lane's servers seem stalled
     /// (`started` takes when the caller found it full, and none since).
     pub(crate) fn wait_for_room(&self, started: u64, stall: std::time::Duration) -> bool {
-        let mut state = self.lock();
+        let state = self.lock();
         if state.used() < self.capacity || state.serving == 0 {
             return true;
         }
+        let state = self.wait_as_publisher(state, stall);
+        state.used() < self.capacity || state.serving == 0 || state.started != started
+    }
+
+    /// Waits on the lane's room for at most `stall`, counted among the
+    /// waiting publishers meanwhile (a take wakes them at half the lane).
+    fn wait_as_publisher<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State<T>>,
+        stall: std::time::Duration,
+    ) -> MutexGuard<'a, State<T>> {
         state.waiting += 1;
         let (mut state, _) = self
             .room
             .wait_timeout(state, stall)
             .unwrap_or_else(|e| e.into_inner());
         state.waiting -= 1;
-        state.used() < self.capacity || state.serving == 0 || state.started != started
+        state
     }
 
-    /// Wakes every publisher waiting for room (the bus is closing).
-    pub(crate) fn wake_waiting(&self) {
-        let _state = self.lock();
-        self.room.notify_all();
+    /// Waits until the lane has room or its servers make a take, for at
+    /// most `stall`, even while nobody serves it (a pool's lane, whose
+    /// worker is on its way), unless `no_waiting` is set: it is read under
+    /// the lane's lock, which [`Self::wake_waiting`] takes to wake the
+    /// waiters after setting it, so the wake-up cannot fall between the
+    /// look and the wait. Returns whether room or a take came: `false`
+    /// when the lane made no take since `started` (the count when the
+    /// caller found it full) and is still full.
+    pub(crate) fn wait_for_progress(
+        &self,
+        started: u64,
+        stall: std::time::Duration,
+        no_waiting: &AtomicBool,
+    ) -> bool {
+        let state = self.lock();
+        if state.used() < self.capacity || state.started != started {
+            return true;
+        }
+        if no_waiting.load(Ordering::SeqCst) {
+            return false;
+        }
+        let state = self.wait_as_publisher(state, stall);
+        state.used() < self.capacity || state.started != started
+    }
+
+    /// A pool's worker, the lane's task, looks at its lane: it begins to
+    /// serve (true) if it was started (a push found the lane without it)
+    /// and nobody else serves the lane. Otherwise it has left, as a task
+    /// that begins beside another server does (see
+    /// [`Self::task_begins`]): that server starts it again when it leaves
+    /// with work still queued, and with nothing queued there is nothing to
+    /// start it for.
+    pub(crate) fn worker_begins(&self) -> bool {
+        let mut state = self.lock();
+        if !state.task {
+            return false;
+        }
+        if state.serving > 0 || state.queue.is_empty() {
+            state.task = false;
+            return false;
+        }
+        state.serving += 1;
+        true
+    }
+
+    /// Takes a share of the lane for one who takes from it once, beside or
+    /// instead of a stalled server (a pool worker taking over, a `close`'s
+    /// stand-in): the head's work, of at most half of what is queued after
+    /// the head (work stealing's rule: the owner keeps the rest). A share
+    /// holds its room until [`Self::share_done`], but its taker is no
+    /// server: the lane's own server still serves the rest.
+    pub(crate) fn take_share(&self) -> Option<Work<T>> {
+        let mut state = self.lock();
+        if state.queue.is_empty() {
+            return None;
+        }
+        let limit = 1 + (state.queue.len() - 1) / 2;
+        let work = take(&mut state.queue, limit);
+        state.held += work.publishes();
+        state.started += 1;
+        Some(work)
+    }
+
+    /// A share taken with [`Self::take_share`] has run (`finished`
+    /// publishes). Returns whether the lane's task must be started (work is
+    /// left and nobody serves it; it is counted as started).
+    pub(crate) fn share_done(&self, finished: usize) -> bool {
+        let mut state = self.lock();
+        self.finished(&mut state, finished);
+        let start_task = !state.queue.is_empty() && !state.task && state.serving == 0;
+        if start_task {
+            state.task = true;
+        }
+        start_task
     }
 
     /// The lane's task begins to serve: `false` if another server is on the
@@ -287,16 +390,30 @@ impl<T: Send + Sync + 'static> Lane<T> {
     /// task serves until none are); otherwise the server leaves.
     pub(crate) fn next(&self, server: Server, until: usize, finished: usize) -> Next<T> {
         let mut state = self.lock();
-        state.held -= finished;
-        if state.waiting > 0 && state.used() <= self.capacity / 2 {
-            self.room.notify_all();
-        }
+        self.finished(&mut state, finished);
         if state.queue.len() > until {
-            let work = take(&mut state.queue);
+            let work = take(&mut state.queue, MAX_BATCH);
             state.held += work.publishes();
             state.started += 1;
             return Next::Work(work);
         }
+        Next::Left {
+            start_task: self.leave(&mut state, server),
+        }
+    }
+
+    /// A server has `finished` the publishes of its last work: their room
+    /// is free.
+    fn finished(&self, state: &mut State<T>, finished: usize) {
+        state.held -= finished;
+        if state.waiting > 0 && state.used() <= self.capacity / 2 {
+            self.room.notify_all();
+        }
+    }
+
+    /// `server` leaves the lane. Returns whether the caller must start the
+    /// lane's task (it is counted as started).
+    fn leave(&self, state: &mut State<T>, server: Server) -> bool {
         state.serving -= 1;
         let start_task = match server {
             Server::Task => {
@@ -312,7 +429,7 @@ impl<T: Send + Sync + 'static> Lane<T> {
             // They find nobody serving and serve themselves.
             self.room.notify_all();
         }
-        Next::Left { start_task }
+        start_task
     }
 
     /// A server pauses between two takes (the lane's task to await or to
@@ -324,10 +441,7 @@ impl<T: Send + Sync + 'static> Lane<T> {
     pub(crate) fn pauses(&self, finished: usize) {
         let mut state = self.lock();
         state.serving -= 1;
-        state.held -= finished;
-        if state.waiting > 0 && state.used() <= self.capacity / 2 {
-            self.room.notify_all();
-        }
+        self.finished(&mut state, finished);
     }
 
     /// The lane's task could not be started, or will never run again (its
@@ -348,9 +462,9 @@ impl<T: Send + Sync + 'static> Lane<T> {
     }
 }
 
-/// Takes the head's work: a batch of the publishes that fit together, or
-/// one job.
-fn take<T: Send + Sync + 'static>(queue: &mut VecDeque<Queued<T>>) -> Work<T> {
+/// Takes the head's work: a batch of the publishes that fit together (at
+/// most `limit`), or one job.
+fn take<T: Send + Sync + 'static>(queue: &mut VecDeque<Queued<T>>, limit: usize) -> Work<T> {
     let first = queue
         .pop_front()
         .expect("taken only from a non-empty queue");
@@ -360,7 +474,7 @@ fn take<T: Send + Sync + 'static>(queue: &mut VecDeque<Queued<T>>) -> Work<T> {
     }
     let mut jobs = Jobs::new();
     jobs.push(first.job);
-    while jobs.len() < MAX_BATCH {
+    while jobs.len() < limit.min(MAX_BATCH) {
         match queue.front() {
             Some(next) if batchable(next) && jobs[0].same_chunks(&next.job) => {
                 jobs.push(queue.pop_front().expect("looked at").job);

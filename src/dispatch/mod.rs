@@ -8,10 +8,12 @@
 //!   by one task at a time, watched by a thread that starts a helper for a
 //!   stuck lane.
 //! - `lane.rs` — a lane: the bounded queue of publishes a lane's servers
-//!   take, in batches, one server at a time.
-//! - `pool/` — `WorkerPool`: runners are jobs on bounded crossbeam queues,
-//!   one per worker thread; a topic's publishes go to its home worker, and
-//!   an idle worker helps a lone publish or takes over from a stalled one.
+//!   take, in batches, one server at a time. The one queue engine of both
+//!   threaded modes: a pool worker is its lane's server, as a lane's task
+//!   is in `TaskPerSubscriber`.
+//! - `pool/` — `WorkerPool`: runners are jobs in lanes, one per worker
+//!   thread; a topic's publishes go to its home worker, and an idle worker
+//!   helps a lone publish or takes over from a stalled one.
 //! - `placement.rs` — which worker or lane runs a route's publishes: its
 //!   home, which moves to an idle one when another route's publishes keep
 //!   it busy.

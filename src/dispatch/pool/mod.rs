@@ -1,5 +1,11 @@
 //! `DeliveryMode::WorkerPool`: runners are jobs on bounded queues served by
-//! a fixed set of threads, one queue per worker.
+//! a fixed set of threads, one queue per worker. Each queue is a [`Lane`]
+//! (`lane.rs`), the queue engine `TaskPerSubscriber` runs on too: the two
+//! modes differ in who serves a lane (here a thread of the pool, the
+//! lane's "task"; there a tokio task) and in what a publisher does at a
+//! full one, not in how work is queued, batched and counted.
+//!
+//! [`Lane`]: super::lane::Lane
 //!
 //! # Where work goes
 //! - A publish goes to its route's *home* worker (`registry/route.rs`: routes
@@ -15,7 +21,7 @@
 //!   subscription is a unit of its own (BlazeSub's individual delivery),
 //!   and the units go to the queues in turn.
 //! - A worker that takes a publish also takes the publishes queued right
-//!   behind it on the same queue to the same subscriptions, up to
+//!   behind it in its lane to the same subscriptions, up to
 //!   [`MAX_BATCH`](super::fanout::MAX_BATCH) in all, and runs them subscription by subscription
 //!   ([`Batch`](super::batch::Batch)): the entries are walked once per batch, and an ordered
 //!   subscription takes its messages of the batch in one turn. Only what is
@@ -31,30 +37,35 @@
 //!   claims the subscriptions not yet claimed, so a handler that blocks
 //!   holds up only the subscriptions claimed with it); then it takes at
 //!   most half of what is queued there, as one batch (work stealing's
-//!   rule: the owner keeps the rest). Until then it watches, waking every
+//!   rule: the owner keeps the rest: `Lane::take_share`). Until then it
+//!   watches, waking every
 //!   `STALL`. Taking at once, as an idle worker did before, put two cores
 //!   on one topic's handlers during every burst.
 //! - No work is left queued, or unclaimed in a running batch, behind a
-//!   stalled worker while another waits for ever. That includes the one
-//!   publish a worker took off its queue while gathering a batch it did not
-//!   fit: it waits for that worker in the worker's `next` slot, where the
-//!   others take it as they would its queue's head (kept on the worker's
-//!   stack, it waited for the blocked handler). A worker that announces
-//!   its wait looks once more for such work of a worker that is not
-//!   waiting, and watches it instead of waiting; a publisher that queues
-//!   for a busy worker, or a worker about to run something with more
-//!   queued behind it or with units another could join, wakes a waiting
-//!   one. The
-//!   two sides store before they load, so one of them always sees the
-//!   other (`loom_tests.rs` checks both with a handler that blocks until
-//!   the others have run).
+//!   stalled worker while another waits for ever. A batch is gathered by
+//!   looking at the lane's head under its lock, so a publish that does not
+//!   fit stays queued where others take it. A worker that announces its
+//!   wait looks once more for such work of a worker that is not waiting,
+//!   and watches it instead of waiting; a publisher that queues for a busy
+//!   worker, or a worker about to run something with more queued behind it
+//!   or with units another could join, wakes a waiting one. The two sides
+//!   store before they load, so one of them always sees the other
+//!   (`loom_tests.rs` checks both with a handler that blocks until the
+//!   others have run).
+//! - A worker waits on a bell of its own. A push that finds the lane
+//!   without its worker (the lane's task left it empty) rings it, and a
+//!   worker that served a share of another's lane rings that one if it
+//!   leaves work behind; the lane decides both under its lock, and a bell
+//!   stays rung until its worker waits, so nothing queued waits for a
+//!   worker asleep.
 //!
-//! A queue holds `queue_capacity / workers` tickets (at least one); a ticket
-//! is one runner of one publish (an `Arc` of its job), so a burst costs no
-//! allocation per queued runner. When a queue is full the overflow policy
+//! A queue holds `queue_capacity / workers` publishes (at least one) beside
+//! the one its worker runs; a queued publish is one runner of one publish
+//! (an `Arc` of its job), so a burst costs no allocation per queued runner.
+//! When a queue is full the overflow policy
 //! applies: `Wait` (the default) has the publisher wait until the queue has
-//! drained to half (only that queue's worker wakes it: each queue has its
-//! own waiters), except on a pool worker, where it runs the job itself
+//! drained to half (only that lane wakes it: each lane has its own
+//! waiters), except on a pool worker, where it runs the job itself
 //! as `CallerRuns` does (the room it would wait for may be its own), and
 //! except once that queue's worker has started nothing for [`STALL`] while
 //! it waits and a worker is driving an async handler's future itself (at
@@ -84,10 +95,10 @@
 //! # Files
 //! - `mod.rs` — the pool's handle: starting the workers, queueing a
 //!   publish's runners, stopping.
-//! - `shared.rs` — what the handle and the workers share: the queues, the
-//!   counts that admit work, the wait flags, the running slots.
-//! - `worker.rs` — a worker's loop: finding its next ticket, batching, and
-//!   running.
+//! - `shared.rs` — what the handle and the workers share: the lanes, the
+//!   bells, the wait flags, the running slots, the posted job.
+//! - `worker.rs` — a worker's loop: serving its lane, finding work a
+//!   stalled worker holds up, and running it.
 //! - `cores.rs` — which CPU each busy worker runs on, and the move off a
 //!   CPU another busy worker holds.
 
@@ -98,7 +109,7 @@ mod worker;
 use std::sync::Arc;
 use std::time::Duration;
 
-use self::shared::{Shared, Ticket};
+use self::shared::Shared;
 use super::pending::{self, Handed, Place};
 use super::placement::Placement;
 use super::{caller_runs, refused, run_for_held_runner, Env, Fanout, Runner};
@@ -176,7 +187,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
             run_for_held_runner(&job, env, || self.publisher_runner(&job, env));
             return 0;
         }
-        let workers = self.shared.queues.len();
+        let workers = self.shared.lanes.len();
         // `Batch::Single` below the threshold: a unit per subscription,
         // spread over the workers. Everything else runs at the route's home.
         let spread = plan.single_claim && plan.runners > 1;
@@ -189,11 +200,10 @@ impl<T: Send + Sync + 'static> Pool<T> {
             } else {
                 job.place() % workers
             };
-            let ticket = Ticket::Run(Arc::clone(&job));
             let queued = if wait {
-                self.shared.push_waiting(worker, ticket)
+                self.shared.push_waiting(worker, &job)
             } else {
-                self.shared.push(worker, ticket)
+                self.shared.push(worker, &job).map_err(|_| ())
             };
             match queued {
                 Ok(()) => started = true,
@@ -216,7 +226,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
     ) -> PoolRunner<'a, T> {
         PoolRunner {
             shared: &self.shared,
-            job,
+            job: Some(job),
             env,
             place: Place::Publisher,
         }
@@ -236,7 +246,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
     ///   on it. Anywhere else the first poll returns when it waits, and the
     ///   job is queued: the request keeps its deadline.
     pub(crate) fn runs_request_here(&self, home: usize) -> bool {
-        let workers = self.shared.queues.len();
+        let workers = self.shared.lanes.len();
         worker_mark::index_in(self.shared.key())
             .is_some_and(|me| !pending::in_first_poll() || workers == 1 || home % workers == me)
     }
@@ -269,7 +279,7 @@ impl<T: Send + Sync + 'static> Pool<T> {
             return None;
         }
         let out = Out(&self.standing_in);
-        let mut watch = vec![None; self.shared.queues.len()];
+        let mut watch = vec![None; self.shared.lanes.len()];
         Some(move || {
             let _out = &out;
             worker::stand_in(&self.shared, env, &mut watch)
@@ -286,9 +296,8 @@ impl<T> Pool<T> {
         if self.shared.no_waiting.swap(true, Ordering::SeqCst) {
             return;
         }
-        for room in &self.shared.room {
-            let _lock = room.lock();
-            room.freed.notify_all();
+        for lane in &self.shared.lanes {
+            lane.wake_waiting();
         }
     }
 
@@ -298,10 +307,8 @@ impl<T> Pool<T> {
         if self.shared.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
-        for worker in 0..self.shared.queues.len() {
-            // A full queue's worker is not waiting: it sees the flag once
-            // every queue is empty.
-            self.shared.wake(worker);
+        for worker in 0..self.shared.lanes.len() {
+            self.shared.ring(worker);
         }
     }
 }
@@ -315,23 +322,25 @@ impl<T> Drop for Pool<T> {
 /// A runner on a worker thread, or on a publisher the queue had no room for.
 struct PoolRunner<'a, T> {
     shared: &'a Shared<T>,
-    job: &'a Arc<Fanout<T>>,
+    /// The job it runs by its claims, which a helper may join (none for a
+    /// batch: its runners enlist no helpers).
+    job: Option<&'a Arc<Fanout<T>>>,
     env: &'a Arc<Env>,
     place: Place,
 }
 
 impl<T: Send + Sync + 'static> Runner<T> for PoolRunner<'_, T> {
     fn has_idle_capacity(&self) -> bool {
-        self.shared
-            .free
-            .iter()
-            .any(|free| free.load(Ordering::Relaxed))
+        self.job.is_some() && self.shared.has_free_worker()
     }
 
     fn offer_helper(&mut self, _job: &Fanout<T>) -> bool {
+        let Some(job) = self.job else {
+            return false;
+        };
         // Posted, not queued: the next worker about to wait takes it, so a
         // worker that turns free later still helps.
-        let replaced = self.shared.want_help(self.job);
+        let replaced = self.shared.want_help(job);
         drop(replaced);
         true
     }
@@ -362,9 +371,10 @@ impl<T: Send + Sync + 'static> Runner<T> for PoolRunner<'_, T> {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::worker::{gather_batch, look_for_ticket, take_elsewhere, Elsewhere};
+    use super::shared::{Elsewhere, Found};
     use super::*;
     use crate::config::{Config, DeliveryMode};
+    use crate::dispatch::lane::{Next, Server, Work};
     use crate::dispatch::Policy;
     use crate::message::Message;
     use crate::registry::entry::{HandlerEntry, Subscriber, SyncSink};
@@ -428,34 +438,33 @@ mod tests {
         assert!(same.iter().all(|job| job.has_one_claiming_runner()));
         let other = jobs_on("u", 100, 1, 1_000);
         for job in same.iter().chain(&other) {
-            assert!(shared.push(0, Ticket::Run(Arc::clone(job))).is_ok());
+            assert!(shared.push(0, job).is_ok());
         }
-        let Some((Ticket::Run(job), from)) = look_for_ticket(0, &shared, &mut vec![None; 2]) else {
-            panic!("worker 0 takes its own job");
+        let lane = &shared.lanes[0];
+        assert!(lane.worker_begins(), "the first push started worker 0");
+        let Next::Work(Work::Batch(batch)) = lane.next(Server::Task, 0, 0) else {
+            panic!("worker 0 takes a batch");
         };
-        let mut stash = None;
-        let jobs = gather_batch(0, from, &shared, job, &mut stash);
+        let jobs = batch.into_jobs();
         assert_eq!(
             jobs.len(),
             4,
             "the job and the three publishes behind it to the same route"
         );
         assert!(jobs.iter().zip(&same).all(|(a, b)| Arc::ptr_eq(a, b)));
-        assert!(
-            matches!(&stash, Some(Ticket::Run(job)) if Arc::ptr_eq(job, &other[0])),
-            "another route's job is left to run next"
-        );
-        assert!(shared.queues[0].is_empty());
-        assert_eq!(
-            shared.held[0].load(Ordering::SeqCst),
-            3,
-            "the batch keeps its room in the queue until it has run"
-        );
-        shared.release(0, jobs.len() - 1);
-        assert_eq!(shared.held[0].load(Ordering::SeqCst), 0);
+        assert!(lane.has_queued(), "another route's job is left to run next");
+        let Next::Work(Work::Job(job)) = lane.next(Server::Task, 0, jobs.len()) else {
+            panic!("worker 0 takes the other route's job");
+        };
+        assert!(Arc::ptr_eq(&job, &other[0]));
+        assert!(matches!(
+            lane.next(Server::Task, 0, 1),
+            Next::Left { start_task: false }
+        ));
+        assert!(!lane.is_busy(), "every publish's room is back");
     }
 
-    /// A worker with nothing of its own leaves a busy worker's queue alone
+    /// A worker with nothing of its own leaves a busy worker's lane alone
     /// while that worker keeps starting work: two workers on one topic's
     /// burst put its handlers on two cores, and handlers that share state
     /// ran 3-4x slower there than on one.
@@ -463,65 +472,58 @@ mod tests {
     fn an_idle_worker_takes_nothing_from_a_worker_that_keeps_starting_work() {
         let shared = Shared::<u32>::new(2, 16);
         for job in chunked_jobs(100, 7) {
-            assert!(shared.push(1, Ticket::Run(job)).is_ok());
+            assert!(shared.push(1, &job).is_ok());
         }
         let mut watch = vec![None; 2];
         for _ in 0..3 {
             assert!(matches!(
-                take_elsewhere(0, &shared, &mut watch),
+                shared.take_from(std::iter::once(1), &mut watch),
                 Elsewhere::Watching
             ));
             std::thread::sleep(STALL * 2);
-            // Worker 1 started another ticket meanwhile.
+            // Worker 1 started another piece of work meanwhile.
             shared.started[1].fetch_add(1, Ordering::SeqCst);
         }
-        assert_eq!(shared.queued_work(1), 7, "nothing taken");
+        assert!(shared.lanes[1].worker_begins(), "nothing taken");
+        let Next::Work(work) = shared.lanes[1].next(Server::Task, 0, 0) else {
+            panic!("all 7 still queued");
+        };
+        assert_eq!(work.publishes(), 7);
     }
 
     /// A worker with nothing of its own takes a batch from a stalled one
     /// (it started nothing for `STALL`), as the owner would: at most half
-    /// of what is left, so the owner keeps the rest. One ticket at a time,
+    /// of what is left, so the owner keeps the rest. One publish at a time,
     /// it walked the owner's subscriptions a publish at a time beside it
     /// (an ordered subscription then took a runner's turn per message).
     #[test]
-    fn an_idle_worker_takes_half_of_a_stalled_workers_queue_as_one_batch() {
+    fn an_idle_worker_takes_half_of_a_stalled_workers_lane_as_one_batch() {
         let shared = Shared::<u32>::new(2, 16);
         for job in chunked_jobs(100, 7) {
-            assert!(shared.push(1, Ticket::Run(job)).is_ok());
+            assert!(shared.push(1, &job).is_ok());
         }
-        let Some((Ticket::Run(job), from)) = look_for_ticket(0, &shared, &mut vec![None; 2]) else {
-            panic!("worker 0 takes worker 1's job once worker 1 stalls");
+        let mut watch = vec![None; 2];
+        assert!(matches!(
+            shared.take_from(std::iter::once(1), &mut watch),
+            Elsewhere::Watching
+        ));
+        std::thread::sleep(STALL * 2);
+        let Elsewhere::Took(Found::Share(work, from)) =
+            shared.take_from(std::iter::once(1), &mut watch)
+        else {
+            panic!("worker 0 takes a share of worker 1's lane once worker 1 stalls");
         };
         assert_eq!(from, 1);
-        let mut stash = None;
-        let jobs = gather_batch(0, from, &shared, job, &mut stash);
-        assert_eq!(jobs.len(), 4, "the job and half of the 6 left");
-        assert!(stash.is_none());
-        assert_eq!(shared.queues[1].len(), 3, "the owner keeps the rest");
-        // The owner gathers what is left of its own queue.
-        let Some((Ticket::Run(job), from)) = look_for_ticket(1, &shared, &mut vec![None; 2]) else {
-            panic!("worker 1 takes its own job");
+        assert_eq!(work.publishes(), 4, "the head and half of the 6 behind it");
+        // Run elsewhere (here: dropped unrun), the share gives its room back.
+        drop(work);
+        shared.share_done(from, 4);
+        // The owner takes what is left of its own lane.
+        assert!(shared.lanes[1].worker_begins());
+        let Next::Work(rest) = shared.lanes[1].next(Server::Task, 0, 0) else {
+            panic!("the owner keeps the rest");
         };
-        assert_eq!(from, 1);
-        let jobs = gather_batch(1, from, &shared, job, &mut stash);
-        assert_eq!(jobs.len(), 3);
-        assert!(shared.queues[1].is_empty());
-    }
-
-    #[test]
-    fn a_stale_wake_up_takes_no_place_of_work() {
-        let shared = Shared::<u32>::new(2, 1);
-        // Worker 0 was woken, then found work another way and runs it: its
-        // wake-up stays queued meanwhile.
-        shared.wake(0);
-        assert!(
-            shared.has_room(0),
-            "a one-ticket queue holding only a wake-up has room"
-        );
-        assert_eq!(shared.queues[0].len(), 1);
-        let ticket = shared.tickets[0].try_recv().unwrap();
-        shared.took(0, &ticket);
-        assert_eq!(shared.wakes[0].load(Ordering::SeqCst), 0);
-        assert!(shared.has_room(0));
+        assert_eq!(rest.publishes(), 3);
+        assert!(!shared.lanes[1].has_queued());
     }
 }

@@ -1,107 +1,86 @@
-//! What a pool's handle and its workers share: one bounded queue of
-//! [`Ticket`]s per worker, the counts that admit work to it (room for work
-//! only, never taken by a wake-up), the flags a worker announces its wait
-//! with, the slot showing the work it runs for another to join, and the
-//! posted job that wants a helper.
+//! What a pool's handle and its workers share: one [`Lane`] per worker (the
+//! queue engine `TaskPerSubscriber` runs its lanes on), a bell each worker
+//! waits on, the flags a worker announces its wait with, the slot showing
+//! the work it runs for another to join, and the posted job that wants a
+//! helper.
 //!
 //! # Contract
-//! - A queue admits a work ticket only while its work (queued, or taken
-//!   into a batch and not yet run) is under its capacity; wake-ups have
-//!   room of their own ([`WAKE_ROOM`]) and take none of the work's.
-//! - Every wake-up that matters is seen: a waker and the worker it wakes
-//!   store before they load (`SeqCst`), so one of the two always sees the
-//!   other (`Shared::share_rest` with `Shared::stranded_work`, and
-//!   `Shared::want_help` with the worker's look at the post).
-//! - Publishers waiting for a queue's room (`Overflow::Wait`) are woken
-//!   only by that queue's worker, once the queue is down to half.
+//! - A worker is its lane's own server (the lane's "task"): a publisher
+//!   whose push finds the lane without one rings the worker's bell. The
+//!   lane decides that under its lock, and a bell stays rung until its
+//!   worker waits, so no push is left queued with its worker asleep.
+//! - Every other wake-up that matters is seen: a waker and the worker it
+//!   wakes store before they load (`SeqCst`), so one of the two always
+//!   sees the other (`Shared::share_rest` with `Shared::stranded_work`,
+//!   and `Shared::want_help` with the worker's look at the post).
+//! - Publishers waiting for a lane's room (`Overflow::Wait`) are woken by
+//!   the lane, once it is down to half (`lane.rs`).
 //! - No user data is dropped under a lock here: what a lock held (a job,
 //!   a batch) is handed back to the caller to drop after it.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::cores::Cores;
 use super::STALL;
 use crate::dispatch::batch::Batch;
+use crate::dispatch::lane::{Lane, Pushed, Work};
 use crate::dispatch::Fanout;
-use crate::sync::channel::{self, Receiver, Sender, TrySendError};
 use crate::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 use crossbeam_utils::CachePadded;
 
-/// What a worker takes from a queue, or is handed: work, or a wake-up.
-pub(crate) enum Ticket<T> {
-    /// A runner of a job, queued by the publisher, so no runner has seen
-    /// the job yet.
-    Run(Arc<Fanout<T>>),
-    /// A helper joining a job a runner is on (its post; never queued).
+/// What a worker found to do besides its own lane.
+// A share holds its batch by value, moved once per take, as the lane's
+// `Work` does: boxing it would cost an allocation per take.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Found<T> {
+    /// Help a job a runner is on (its post, or a stalled worker's lone
+    /// job).
     Help(Arc<Fanout<T>>),
-    /// A worker joining the batch a stalled worker is running (never
-    /// queued).
+    /// Join the batch a stalled worker is running.
     Join(Arc<Batch<T>>),
-    /// Look for work elsewhere, or stop if stopping and there is none.
-    Wake,
+    /// A share of a stalled worker's lane (served once: `Lane::share_done`
+    /// when it has run), and that worker.
+    Share(Work<T>, usize),
 }
 
 /// What the pool's handle and its workers share.
 pub(super) struct Shared<T> {
-    /// Work tickets a queue takes (its channel has room for two wake-ups
-    /// more, so a wake-up never takes the place of work).
-    pub(super) capacity: usize,
-    pub(super) queues: Vec<Sender<Ticket<T>>>,
-    pub(super) tickets: Vec<Receiver<Ticket<T>>>,
-    /// Per queue: wake-ups in it (or about to be). Admission counts work
-    /// only: a wake-up can outlive its purpose (its worker found work by
-    /// another way and runs it), and while that work runs the stale wake-up
-    /// would otherwise take a one-ticket queue's only place.
-    pub(super) wakes: Vec<CachePadded<AtomicUsize>>,
-    /// Per queue: tickets a worker took from it into a batch and has not run
-    /// yet. They keep their room until then, so batching holds no more
-    /// publishes than the queue would have. Counted before each is taken.
-    pub(super) held: Vec<CachePadded<AtomicUsize>>,
-    /// Per worker: waiting on its own empty queue (or about to). Only the
-    /// worker itself changes it. Other workers take nothing from a waiting
-    /// worker's queue: it is about to take what is there itself.
-    pub(super) waiting: Vec<CachePadded<AtomicBool>>,
-    /// Per worker: tickets it has taken so far. A worker whose count stands
-    /// still for [`STALL`] while work is queued for it is stalled.
-    pub(super) started: Vec<CachePadded<AtomicUsize>>,
+    /// Per worker: its lane.
+    pub(super) lanes: Box<[Lane<T>]>,
+    /// Per worker: what it waits on when it has nothing to do.
+    bells: Box<[CachePadded<Bell>]>,
+    /// Per worker: waiting for its bell (or about to). Only the worker
+    /// itself sets it; a waker takes it off (see [`Self::take_waiting`]).
+    /// Other workers take nothing from a waiting worker's lane: it is about
+    /// to take what is there itself.
+    pub(super) waiting: Box<[CachePadded<AtomicBool>]>,
+    /// Per worker: work it has taken so far. A worker whose count stands
+    /// still for [`STALL`] while its lane holds work, or while it runs work
+    /// another could join, is stalled.
+    pub(super) started: Box<[CachePadded<AtomicUsize>]>,
     /// Per worker: the work it is running that another worker could join
     /// (a batch, or a lone job that claims), for a worker that finds it
     /// stalled. Only the worker itself puts it in or takes it out.
-    pub(super) running: Vec<CachePadded<Mutex<Option<Joinable<T>>>>>,
-    /// Per worker: a work ticket it took off a queue while gathering a
-    /// batch that the ticket did not fit, to run next. Kept here rather
-    /// than on the worker's stack so that, if what the worker runs first
-    /// blocks, whoever would take the worker's queue takes this first.
-    /// Only the worker itself puts one in.
-    pub(super) next: Vec<CachePadded<Mutex<Option<Ticket<T>>>>>,
-    /// Per worker: whether its `next` holds a ticket, read without the
-    /// lock. Changed only under it.
-    pub(super) has_next: Vec<CachePadded<AtomicBool>>,
+    running: Box<[Running<T>]>,
     /// A job that wants another runner (units left, room for one more): a
     /// worker about to wait takes it instead. Posted by a runner's claim,
     /// taken by whoever looks first; a newer one replaces it (the older
     /// job's own runners still finish it).
-    pub(super) wanted: Mutex<Option<Arc<Fanout<T>>>>,
+    wanted: Mutex<Option<Arc<Fanout<T>>>>,
     /// Per worker: running nothing (looking for work, or waiting for it).
     /// True from the start: a worker not yet started takes what is queued
     /// for it as soon as it does. Only the worker itself changes it.
-    pub(super) free: Vec<CachePadded<AtomicBool>>,
-    /// Per worker: running work of its own (taken from its own queue or
-    /// its `next`), not another worker's it helps or took over. Only the
-    /// worker itself changes it; read for placement.
-    pub(super) runs_own: Vec<CachePadded<AtomicBool>>,
+    pub(super) free: Box<[CachePadded<AtomicBool>]>,
+    /// Per worker: running work of its own lane, not another worker's it
+    /// helps or took over. Only the worker itself changes it; read for
+    /// placement.
+    pub(super) runs_own: Box<[CachePadded<AtomicBool>]>,
     /// Which CPU each busy worker runs on, to undo the kernel's stacking
     /// of two on one (`cores.rs`).
     pub(super) cores: Cores,
     /// Workers waiting.
-    pub(super) idle: CachePadded<AtomicUsize>,
-    /// Per queue: the publishers waiting for its room (`Overflow::Wait`).
-    /// Only that queue's worker wakes them, once the queue is down to half:
-    /// a publisher waiting for one queue is not woken by room freed in
-    /// another (it would find a slot or two there and wait again, taking a
-    /// core from a worker at each wake-up).
-    pub(super) room: Vec<CachePadded<RoomWait>>,
+    idle: CachePadded<AtomicUsize>,
     /// Set when the bus starts closing: publishers wait no more (a handler
     /// blocked in `close` may be what they would wait for).
     pub(super) no_waiting: AtomicBool,
@@ -112,19 +91,60 @@ pub(super) struct Shared<T> {
     pub(super) driving: AtomicUsize,
 }
 
-/// The publishers waiting for one queue's room, and what they wait on.
+/// A worker's wake-up: rung by whoever has work for it, and kept rung
+/// until the worker waits, so a ring before the wait is not lost.
 #[derive(Default)]
-pub(super) struct RoomWait {
-    pub(super) publishers_waiting: AtomicUsize,
-    pub(super) lock: Mutex<()>,
-    pub(super) freed: Condvar,
+struct Bell {
+    rung: Mutex<bool>,
+    ring: Condvar,
 }
 
-impl RoomWait {
-    pub(super) fn lock(&self) -> MutexGuard<'_, ()> {
-        self.lock.lock().unwrap_or_else(|e| e.into_inner())
+impl Bell {
+    fn ring(&self) {
+        *self.rung.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.ring.notify_one();
+    }
+
+    /// Waits until rung (for at most `timeout`, if any), and unrings.
+    fn wait(&self, timeout: Option<Duration>) {
+        let mut rung = self.rung.lock().unwrap_or_else(|e| e.into_inner());
+        if !*rung {
+            rung = match timeout {
+                Some(timeout) => self.wait_timeout(rung, timeout),
+                None => self.ring.wait(rung).unwrap_or_else(|e| e.into_inner()),
+            };
+        }
+        *rung = false;
+    }
+
+    #[cfg(not(loom))]
+    fn wait_timeout<'a>(
+        &'a self,
+        rung: MutexGuard<'a, bool>,
+        timeout: Duration,
+    ) -> MutexGuard<'a, bool> {
+        self.ring
+            .wait_timeout(rung, timeout)
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+    }
+
+    /// Under loom time stands still and a condvar's timed wait never times
+    /// out: a yield to the other threads, as if the wait had timed out.
+    #[cfg(loom)]
+    fn wait_timeout<'a>(
+        &'a self,
+        rung: MutexGuard<'a, bool>,
+        _timeout: Duration,
+    ) -> MutexGuard<'a, bool> {
+        drop(rung);
+        loom::thread::yield_now();
+        self.rung.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+/// A worker's slot showing what it runs that another may join.
+type Running<T> = CachePadded<Mutex<Option<Joinable<T>>>>;
 
 /// Work a worker runs that another may join.
 pub(super) enum Joinable<T> {
@@ -140,11 +160,11 @@ impl<T> Joinable<T> {
         }
     }
 
-    /// The ticket that joins it.
-    fn ticket(&self) -> Ticket<T> {
+    /// What joins it.
+    fn joined(&self) -> Found<T> {
         match self {
-            Joinable::Job(job) => Ticket::Help(Arc::clone(job)),
-            Joinable::Batch(batch) => Ticket::Join(Arc::clone(batch)),
+            Joinable::Job(job) => Found::Help(Arc::clone(job)),
+            Joinable::Batch(batch) => Found::Join(Arc::clone(batch)),
         }
     }
 }
@@ -153,10 +173,164 @@ impl<T> Joinable<T> {
 /// when that count was first seen.
 pub(super) type Watch = Vec<Option<(usize, Instant)>>;
 
+impl<T: Send + Sync + 'static> Shared<T> {
+    /// Queues `job` in `worker`'s lane if it has room; gives back the
+    /// lane's take count if not. Rings the worker if its lane had no
+    /// server; if the worker is busy (it may be stuck in a slow handler)
+    /// and another waits, wakes the other to watch it.
+    pub(super) fn push(&self, worker: usize, job: &Arc<Fanout<T>>) -> Result<(), u64> {
+        match self.lanes[worker].push(job, false) {
+            Pushed::Queued { start_task, .. } => {
+                if start_task {
+                    self.ring(worker);
+                }
+                if !self.waiting[worker].load(Ordering::SeqCst) {
+                    if let Some(helper) = self.take_waiting(worker) {
+                        self.ring(helper);
+                    }
+                }
+                Ok(())
+            }
+            Pushed::Full { started, .. } => Err(started),
+        }
+    }
+
+    /// Queues `job` in `worker`'s lane, waiting while it is full
+    /// (`Overflow::Wait`). Gives up once the bus is closing, or once the
+    /// lane has made no take for a whole [`STALL`] of the wait while a
+    /// worker drives an async handler's future itself: the caller then runs
+    /// the job itself. That future may wait for what only the publisher's
+    /// thread can free (a timer of the runtime the publisher is a thread
+    /// of), and waiting on would never end. A worker that is only slow (a
+    /// handler that takes milliseconds) is waited for.
+    pub(super) fn push_waiting(&self, worker: usize, job: &Arc<Fanout<T>>) -> Result<(), ()> {
+        loop {
+            let started = match self.push(worker, job) {
+                Ok(()) => return Ok(()),
+                Err(started) => started,
+            };
+            if self.no_waiting.load(Ordering::SeqCst) {
+                return Err(());
+            }
+            if !self.lanes[worker].wait_for_progress(started, STALL, &self.no_waiting)
+                && self.driving.load(Ordering::SeqCst) > 0
+            {
+                return Err(());
+            }
+        }
+    }
+
+    /// Whether `worker` runs work of its own or has work queued for it
+    /// (for placement: a hint). A worker helping another's publish has
+    /// none of its own (`placement.rs`).
+    pub(super) fn busy(&self, worker: usize) -> bool {
+        self.runs_own[worker].load(Ordering::Relaxed) || self.lanes[worker].is_busy()
+    }
+
+    /// Worker `me`, about to run what it took from its own lane, wakes a
+    /// waiting worker if work is still queued behind it: the handler it
+    /// runs may block, and a worker that looked at this lane while `me`
+    /// was still waking up skipped it. With [`Shared::stranded_work`],
+    /// looked at after a worker announces its wait, one of the two always
+    /// sees the other.
+    ///
+    /// The same holds for work `me` is about to run that another worker
+    /// could join (`joinable`): a handler in it may block the rest.
+    pub(super) fn share_rest(&self, me: usize, joinable: bool) {
+        if joinable || self.lanes[me].has_queued() {
+            if let Some(helper) = self.take_waiting(me) {
+                self.ring(helper);
+            }
+        }
+    }
+
+    /// Whether a lane other than `me`'s holds work, or its worker runs
+    /// work with units left to claim, while that worker is not waiting (it
+    /// is busy, perhaps in a slow handler): looked at by a worker after
+    /// announcing its wait, which then watches it instead.
+    pub(super) fn stranded_work(&self, me: usize) -> bool {
+        (0..self.lanes.len()).any(|other| {
+            other != me
+                && !self.waiting[other].load(Ordering::SeqCst)
+                && (self.lanes[other].has_queued() || self.runs_joinable(other))
+        })
+    }
+
+    /// Work of another worker that is not waiting, in what it runs or
+    /// queued in its lane, for worker `me` (or, `me` out of range, a
+    /// `close`'s stand-in): joined or taken if that worker is stalled (or,
+    /// for queued work, the pool is stopping), else watched.
+    pub(super) fn take_from(
+        &self,
+        others: impl Iterator<Item = usize>,
+        watch: &mut Watch,
+    ) -> Elsewhere<T> {
+        let stopping = self.stopping.load(Ordering::SeqCst);
+        let mut watching = false;
+        for other in others {
+            let queued = self.lanes[other].has_queued();
+            if self.waiting[other].load(Ordering::SeqCst) || !(queued || self.runs_joinable(other))
+            {
+                // A waiting worker takes its own: what it was woken for must
+                // still be there.
+                watch[other] = None;
+                continue;
+            }
+            if !stopping && !self.stalled(other, watch) {
+                watching = true;
+                continue;
+            }
+            // What its running work has left is held up now; what is
+            // queued, after it.
+            if let Some(found) = self.joinable(other) {
+                return Elsewhere::Took(found);
+            }
+            if let Some(work) = queued.then(|| self.lanes[other].take_share()).flatten() {
+                watch[other] = None;
+                return Elsewhere::Took(Found::Share(work, other));
+            }
+        }
+        if watching {
+            Elsewhere::Watching
+        } else {
+            Elsewhere::Nothing
+        }
+    }
+
+    /// A share of `worker`'s lane has run (`finished` publishes): rings the
+    /// worker if its lane has work left and no server.
+    pub(super) fn share_done(&self, worker: usize, finished: usize) {
+        if self.lanes[worker].share_done(finished) {
+            self.ring(worker);
+        }
+    }
+
+    /// The posted job, if it still wants a runner.
+    pub(super) fn take_wanted(&self) -> Option<Arc<Fanout<T>>> {
+        let job = self.lock_wanted().take()?;
+        if job.wants_help() {
+            Some(job)
+        } else {
+            drop(job); // after the lock: see `want_help`
+            None
+        }
+    }
+}
+
+/// What [`Shared::take_from`] found.
+#[allow(clippy::large_enum_variant)] // see `Found`
+pub(super) enum Elsewhere<T> {
+    Took(Found<T>),
+    /// Work queued to (or run by) a busy worker that is not stalled (yet).
+    Watching,
+    /// Nothing anywhere else.
+    Nothing,
+}
+
 impl<T> Shared<T> {
     /// Takes a worker other than `busy` off the waiting list, if one waits:
-    /// the caller wakes it. Taking it off first means one wake-up per wait,
-    /// however many publishers see it waiting (wake-ups take queue room).
+    /// the caller rings it. Taking it off first means one ring per wait,
+    /// however many publishers see it waiting.
     pub(super) fn take_waiting(&self, busy: usize) -> Option<usize> {
         if self.idle.load(Ordering::SeqCst) == 0 {
             return None;
@@ -174,7 +348,30 @@ impl<T> Shared<T> {
         })
     }
 
-    pub(super) fn lock_wanted(&self) -> MutexGuard<'_, Option<Arc<Fanout<T>>>> {
+    /// Wakes `worker` (now, or at its next wait).
+    pub(super) fn ring(&self, worker: usize) {
+        self.bells[worker].ring();
+    }
+
+    /// Worker `me` announces its wait: a waker that looks after this sees
+    /// it (see [`Self::take_waiting`]).
+    pub(super) fn announce_wait(&self, me: usize) {
+        self.waiting[me].store(true, Ordering::SeqCst);
+        self.idle.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Worker `me` waits for its bell (for at most `timeout`, if any).
+    pub(super) fn wait(&self, me: usize, timeout: Option<Duration>) {
+        self.bells[me].wait(timeout);
+    }
+
+    /// Worker `me` no longer waits (rung, or it found work after announcing).
+    pub(super) fn end_wait(&self, me: usize) {
+        self.idle.fetch_sub(1, Ordering::SeqCst);
+        self.waiting[me].store(false, Ordering::SeqCst);
+    }
+
+    fn lock_wanted(&self) -> MutexGuard<'_, Option<Arc<Fanout<T>>>> {
         self.wanted.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -186,135 +383,17 @@ impl<T> Shared<T> {
         // After the post: a worker that set its waiting flag before this
         // load looks at the post after; one that did not is seen here.
         if let Some(worker) = self.take_waiting(usize::MAX) {
-            self.wake(worker);
+            self.ring(worker);
         }
         replaced
     }
 
-    /// Queues a wake-up for `worker`; a full queue needs none (its worker
-    /// has work to take).
-    pub(super) fn wake(&self, worker: usize) {
-        // Counted before it is sent, so taking it never sees the count at
-        // zero; meanwhile a publisher may admit one ticket more than the
-        // capacity, which the channel's wake-up room holds.
-        self.wakes[worker].fetch_add(1, Ordering::SeqCst);
-        if self.queues[worker].try_send(Ticket::Wake).is_err() {
-            self.wakes[worker].fetch_sub(1, Ordering::SeqCst);
-        }
+    /// Whether any worker runs nothing (a helper would find one).
+    pub(super) fn has_free_worker(&self) -> bool {
+        self.free.iter().any(|free| free.load(Ordering::Relaxed))
     }
 
-    /// Notes a ticket taken from `worker`'s queue: a wake-up is uncounted,
-    /// and work taken frees room a publisher may wait for.
-    pub(super) fn took(&self, worker: usize, ticket: &Ticket<T>) {
-        if matches!(ticket, Ticket::Wake) {
-            self.wakes[worker].fetch_sub(1, Ordering::SeqCst);
-        } else {
-            self.freed(worker);
-        }
-    }
-
-    /// Wakes the waiting publishers if `worker`'s queue is down to half.
-    /// Room is freed before the count of waiters is read, and a publisher
-    /// counts itself before it looks at the room (both `SeqCst`), so one of
-    /// the two sees the other; the waker takes the lock the publisher holds
-    /// from its look until it waits, so the wake-up cannot fall between.
-    pub(super) fn freed(&self, worker: usize) {
-        let room = &self.room[worker];
-        if room.publishers_waiting.load(Ordering::SeqCst) == 0 {
-            return;
-        }
-        let used = self.queued_work(worker) + self.held[worker].load(Ordering::SeqCst);
-        if used <= self.capacity / 2 {
-            let _lock = room.lock();
-            room.freed.notify_all();
-        }
-    }
-
-    /// Whether `worker` runs work of its own or has work queued for it
-    /// (for placement: a hint, read without ordering). A worker helping
-    /// another's publish has none of its own (`placement.rs`).
-    pub(super) fn busy(&self, worker: usize) -> bool {
-        self.runs_own[worker].load(Ordering::Relaxed)
-            || self.queued_work(worker) > 0
-            || self.has_next(worker)
-    }
-
-    /// Whether `worker`'s queue takes another work ticket.
-    pub(super) fn has_room(&self, worker: usize) -> bool {
-        let wakes = self.wakes[worker].load(Ordering::SeqCst);
-        let held = self.held[worker].load(Ordering::SeqCst);
-        self.queues[worker].len().saturating_sub(wakes) + held < self.capacity
-    }
-
-    /// Work tickets queued for `worker`, never more than there are (a
-    /// wake-up is counted before it is sent and uncounted after it is
-    /// taken, so a count read meanwhile is at worst one short).
-    pub(super) fn queued_work(&self, worker: usize) -> usize {
-        let wakes = self.wakes[worker].load(Ordering::SeqCst);
-        self.queues[worker].len().saturating_sub(wakes)
-    }
-
-    /// Worker `me`, about to run what it took from its own queue, wakes a
-    /// waiting worker if work is still queued behind it: the handler it
-    /// runs may block, and a worker that looked at this queue while `me`
-    /// was still waking up (or while a wake-up was being taken from it)
-    /// skipped it. With [`Shared::stranded_work`], looked at after a worker
-    /// announces its wait, one of the two always sees the other.
-    ///
-    /// The same holds for work `me` is about to run that another worker
-    /// could join (`joinable`), and for a ticket in its `next`: a handler
-    /// in what it runs first may block the rest.
-    pub(super) fn share_rest(&self, me: usize, joinable: bool) {
-        if joinable || self.queued_work(me) > 0 || self.has_next(me) {
-            if let Some(helper) = self.take_waiting(me) {
-                self.wake(helper);
-            }
-        }
-    }
-
-    /// Whether a queue other than `me`'s holds work (or its worker's
-    /// `next` does), or its worker runs work with units left to claim,
-    /// while that worker is not
-    /// waiting (it is busy, perhaps in a slow handler): looked at by a
-    /// worker after announcing its wait, which then watches it instead.
-    pub(super) fn stranded_work(&self, me: usize) -> bool {
-        (0..self.queues.len()).any(|other| {
-            other != me
-                && !self.waiting[other].load(Ordering::SeqCst)
-                && (self.queued_work(other) > 0
-                    || self.has_next(other)
-                    || self.runs_joinable(other))
-        })
-    }
-
-    /// Puts `ticket` in worker `me`'s `next` (empty: `me` takes what it
-    /// put there before gathering again).
-    pub(super) fn put_next(&self, me: usize, ticket: Ticket<T>) {
-        let mut next = self.next[me].lock().unwrap_or_else(|e| e.into_inner());
-        let replaced = next.replace(ticket);
-        self.has_next[me].store(true, Ordering::SeqCst);
-        drop(next);
-        // None by construction; were it not, its job (a message: user data)
-        // is dropped here, after the lock, as everywhere in this file.
-        drop(replaced);
-    }
-
-    /// Whether `worker`'s `next` holds a ticket.
-    pub(super) fn has_next(&self, worker: usize) -> bool {
-        self.has_next[worker].load(Ordering::SeqCst)
-    }
-
-    /// Takes the ticket in `worker`'s `next`, if any.
-    pub(super) fn take_next(&self, worker: usize) -> Option<Ticket<T>> {
-        if !self.has_next(worker) {
-            return None;
-        }
-        let mut next = self.next[worker].lock().unwrap_or_else(|e| e.into_inner());
-        self.has_next[worker].store(false, Ordering::SeqCst);
-        next.take()
-    }
-
-    pub(super) fn lock_running(&self, worker: usize) -> MutexGuard<'_, Option<Joinable<T>>> {
+    fn lock_running(&self, worker: usize) -> MutexGuard<'_, Option<Joinable<T>>> {
         self.running[worker]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -328,109 +407,23 @@ impl<T> Shared<T> {
     }
 
     /// Whether `worker` runs work with units left to claim.
-    pub(super) fn runs_joinable(&self, worker: usize) -> bool {
+    fn runs_joinable(&self, worker: usize) -> bool {
         self.lock_running(worker)
             .as_ref()
             .is_some_and(Joinable::wants_help)
     }
 
-    /// A ticket joining the work `worker` runs, if it has units left.
-    pub(super) fn joinable(&self, worker: usize) -> Option<Ticket<T>> {
+    /// What joins the work `worker` runs, if it has units left.
+    fn joinable(&self, worker: usize) -> Option<Found<T>> {
         self.lock_running(worker)
             .as_ref()
             .filter(|work| work.wants_help())
-            .map(Joinable::ticket)
-    }
-
-    /// Gives back the room of `tickets` held from `worker`'s queue.
-    pub(super) fn release(&self, worker: usize, tickets: usize) {
-        if tickets > 0 {
-            self.held[worker].fetch_sub(tickets, Ordering::SeqCst);
-            self.freed(worker);
-        }
-    }
-
-    /// The posted job, if it still wants a runner.
-    pub(super) fn take_wanted(&self) -> Option<Arc<Fanout<T>>> {
-        let job = self.lock_wanted().take()?;
-        if job.wants_help() {
-            Some(job)
-        } else {
-            drop(job); // after the lock: see `want_help`
-            None
-        }
-    }
-
-    /// Queues `ticket` for `worker`; if that worker is busy (it may be
-    /// stuck in a slow handler) and another waits, wakes the other to watch
-    /// it.
-    pub(super) fn push(&self, worker: usize, ticket: Ticket<T>) -> Result<(), Ticket<T>> {
-        if !self.has_room(worker) {
-            return Err(ticket);
-        }
-        match self.queues[worker].try_send(ticket) {
-            Ok(()) => {}
-            Err(TrySendError::Full(ticket) | TrySendError::Disconnected(ticket)) => {
-                return Err(ticket)
-            }
-        }
-        if !self.waiting[worker].load(Ordering::SeqCst) {
-            if let Some(helper) = self.take_waiting(worker) {
-                self.wake(helper);
-            }
-        }
-        Ok(())
-    }
-
-    /// Queues `ticket` for `worker`, waiting while its queue is full
-    /// (`Overflow::Wait`). Gives the ticket back once the bus is closing, or
-    /// once the worker has started nothing for a whole [`STALL`] of the
-    /// wait while a worker drives an async handler's future itself: the
-    /// caller then runs it itself. That future may wait for what only the
-    /// publisher's thread can free (a timer of the runtime the publisher is
-    /// a thread of), and waiting on would never end. A worker that is only
-    /// slow (a handler that takes milliseconds) is waited for.
-    pub(super) fn push_waiting(
-        &self,
-        worker: usize,
-        mut ticket: Ticket<T>,
-    ) -> Result<(), Ticket<T>> {
-        loop {
-            ticket = match self.push(worker, ticket) {
-                Ok(()) => return Ok(()),
-                Err(ticket) => ticket,
-            };
-            if self.no_waiting.load(Ordering::SeqCst) {
-                return Err(ticket);
-            }
-            let started = self.started[worker].load(Ordering::SeqCst);
-            let room = &self.room[worker];
-            let lock = room.lock();
-            room.publishers_waiting.fetch_add(1, Ordering::SeqCst);
-            let (lock, timed_out) =
-                if self.has_room(worker) || self.no_waiting.load(Ordering::SeqCst) {
-                    (lock, false)
-                } else {
-                    let (lock, waited) = room
-                        .freed
-                        .wait_timeout(lock, STALL)
-                        .unwrap_or_else(|e| e.into_inner());
-                    (lock, waited.timed_out())
-                };
-            room.publishers_waiting.fetch_sub(1, Ordering::SeqCst);
-            drop(lock);
-            if timed_out
-                && self.started[worker].load(Ordering::SeqCst) == started
-                && self.driving.load(Ordering::SeqCst) > 0
-            {
-                return Err(ticket);
-            }
-        }
+            .map(Joinable::joined)
     }
 
     /// Whether `other` has started nothing for [`STALL`], by `watch`'s last
     /// looks (which this updates).
-    pub(super) fn stalled(&self, other: usize, watch: &mut Watch) -> bool {
+    fn stalled(&self, other: usize, watch: &mut Watch) -> bool {
         let started = self.started[other].load(Ordering::SeqCst);
         match watch[other] {
             Some((seen, since)) if seen == started => {
@@ -442,19 +435,17 @@ impl<T> Shared<T> {
             }
         }
     }
-}
 
-impl<T> Shared<T> {
     /// This pool's name for [`worker_mark`](crate::sync::worker_mark): its
     /// address, which no other live pool shares.
     pub(super) fn key(&self) -> usize {
         std::ptr::from_ref(self) as usize
     }
 
-    pub(super) fn new(workers: usize, per_worker: usize) -> Self {
-        let (queues, tickets) = (0..workers)
-            .map(|_| channel::bounded(per_worker.saturating_add(WAKE_ROOM)))
-            .unzip();
+    pub(super) fn new(workers: usize, per_worker: usize) -> Self
+    where
+        T: Send + Sync + 'static,
+    {
         let counters = || {
             (0..workers)
                 .map(|_| CachePadded::new(AtomicUsize::new(0)))
@@ -466,32 +457,25 @@ impl<T> Shared<T> {
                 .collect()
         };
         Self {
-            capacity: per_worker,
-            queues,
-            tickets,
-            wakes: counters(),
-            held: counters(),
+            // A lane counts the publishes its servers run; a pool's queue
+            // holds `per_worker` beside the one its worker runs.
+            lanes: (0..workers)
+                .map(|_| Lane::new(per_worker.saturating_add(1)))
+                .collect(),
+            bells: (0..workers).map(|_| CachePadded::default()).collect(),
             started: counters(),
             running: (0..workers)
                 .map(|_| CachePadded::new(Mutex::new(None)))
                 .collect(),
-            next: (0..workers)
-                .map(|_| CachePadded::new(Mutex::new(None)))
-                .collect(),
-            has_next: flags(false),
             waiting: flags(false),
             free: flags(true),
             runs_own: flags(false),
             cores: Cores::new(workers),
             wanted: Mutex::new(None),
             idle: CachePadded::new(AtomicUsize::new(0)),
-            room: (0..workers).map(|_| CachePadded::default()).collect(),
             no_waiting: AtomicBool::new(false),
             driving: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
         }
     }
 }
-
-/// Room each queue keeps beyond its work tickets, for wake-ups.
-const WAKE_ROOM: usize = 2;

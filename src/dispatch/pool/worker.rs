@@ -1,95 +1,161 @@
-//! A pool worker's loop: where it finds its next ticket (its `next`, its
-//! own queue, then a stalled worker's running work, `next` or queue, then
-//! the posted job, then it waits), and how it runs what it took (a batch of
-//! the publishes queued behind one another, or a lone job that claims).
-//! Also the stand-in that a `close` waiting from inside a handler runs.
+//! A pool worker's loop: it serves its own lane (taking, as a lane's task
+//! does, the publishes queued behind one another as one batch), then looks
+//! for a stalled worker's running work or lane, then for the posted job,
+//! then waits for its bell. Also the stand-in that a `close` waiting from
+//! inside a handler runs.
 //!
 //! # Contract
 //! - A worker (or the stand-in) takes from another only what that worker
 //!   is held up on: work it has started nothing new of for [`STALL`],
-//!   joined or taken at most half at a time (the owner keeps the rest); or
-//!   anything once the pool is stopping.
-//! - A worker about to wait looks once more for stranded work and for the
-//!   posted job after announcing its wait (see `shared.rs`).
-//! - A worker stops only once stopping and every queue is empty, so
+//!   joined, or taken at most half of its lane at a time (the owner keeps
+//!   the rest); or anything once the pool is stopping.
+//! - A worker about to wait looks once more at its lane, for stranded work
+//!   and for the posted job after announcing its wait (see `shared.rs`).
+//! - A worker stops only once stopping and every lane is empty, so
 //!   everything queued before the stop runs.
 
 use std::sync::Arc;
 
 use super::cores::Seat;
-use super::shared::{Joinable, Shared, Ticket, Watch};
+use super::shared::{Elsewhere, Found, Joinable, Shared, Watch};
 use super::{PoolRunner, STALL};
 use crate::dispatch::batch::{Batch, Jobs};
-use crate::dispatch::fanout::MAX_BATCH;
+use crate::dispatch::lane::{Next, Server, Work};
 use crate::dispatch::pending::Place;
 use crate::dispatch::{Env, Fanout};
 use crate::stats::Tally;
 use crate::sync::{worker_mark, Ordering};
 
-/// What a worker with an empty queue of its own found elsewhere.
-pub(super) enum Elsewhere<T> {
-    /// A ticket, and the queue it came from.
-    Took(Ticket<T>, usize),
-    /// Work queued to a busy worker that is not stalled (yet).
-    Watching,
-    /// Nothing queued anywhere else.
-    Nothing,
+/// What a worker does next.
+#[allow(clippy::large_enum_variant)] // see `Found`
+enum Step<T> {
+    /// Serve its own lane.
+    Own,
+    /// Run what it found elsewhere.
+    Found(Found<T>),
+    /// Stop: the pool is stopping and nothing is left.
+    Stop,
+}
+
+/// What a worker keeps from one piece of work to the next.
+struct Keep<T> {
+    /// The last batch's allocation, for the next.
+    spare: Option<Arc<Batch<T>>>,
+    seat: Seat,
 }
 
 pub(super) fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>, env: &Arc<Env>) {
     worker_mark::set(shared.key(), me);
-    let mut watch: Watch = vec![None; shared.queues.len()];
-    // A ticket taken while gathering a batch that did not fit it, until it
-    // goes to `next` (see `Shared::next`).
-    let mut stash = None;
-    // The last batch's allocation, for the next.
-    let mut spare = None;
-    let mut seat = Seat::new();
-    while let Some((ticket, from)) = next_ticket(me, shared, &mut watch) {
-        let (job, whole) = match ticket {
-            Ticket::Run(job) => {
-                let whole = job.has_one_claiming_runner();
-                (job, whole)
+    let mut watch: Watch = vec![None; shared.lanes.len()];
+    let mut keep = Keep {
+        spare: None,
+        seat: Seat::new(),
+    };
+    loop {
+        match next_step(me, shared, &mut watch) {
+            Step::Own => serve_own(me, shared, env, &mut keep),
+            Step::Found(found) => {
+                took_work(me, shared, false);
+                run_found(Some(me), found, shared, env, &mut keep);
             }
-            Ticket::Help(job) => (job, false),
-            Ticket::Join(batch) => {
-                run_batch(&batch, shared, env);
-                continue;
-            }
-            Ticket::Wake => continue,
-        };
-        let jobs = if whole {
-            gather_batch(me, from, shared, Arc::clone(&job), &mut stash)
-        } else {
-            Jobs::new()
-        };
-        if let Some(ticket) = stash.take() {
-            shared.put_next(me, ticket);
+            Step::Stop => return,
         }
-        if jobs.len() > 1 {
-            if shared.runs_own[me].load(Ordering::Relaxed) {
-                shared.cores.look(me, &mut seat, |worker| {
+    }
+}
+
+/// Worker `me` took work: its own lane's (`own`), or another's it helps.
+fn took_work<T>(me: usize, shared: &Shared<T>, own: bool) {
+    shared.started[me].fetch_add(1, Ordering::SeqCst);
+    if shared.free[me].load(Ordering::Relaxed) {
+        shared.free[me].store(false, Ordering::SeqCst);
+    }
+    if shared.runs_own[me].load(Ordering::Relaxed) != own {
+        shared.runs_own[me].store(own, Ordering::Relaxed);
+    }
+}
+
+/// Serves worker `me`'s own lane, which it has begun to serve, until it is
+/// empty.
+fn serve_own<T: Send + Sync + 'static>(
+    me: usize,
+    shared: &Shared<T>,
+    env: &Arc<Env>,
+    keep: &mut Keep<T>,
+) {
+    let lane = &shared.lanes[me];
+    let mut finished = 0;
+    while let Next::Work(work) = lane.next(Server::Task, 0, finished) {
+        took_work(me, shared, true);
+        finished = work.publishes();
+        run_work(Some(me), work, shared, env, keep);
+    }
+}
+
+/// Runs work a worker took from a lane (`me`: the worker; `None` for a
+/// `close`'s stand-in): a batch, shown for another worker to join if it
+/// stalls, or a lone job that claims and enlists helpers while a worker is
+/// free (one that turns free later joins it if it stalls).
+fn run_work<T: Send + Sync + 'static>(
+    me: Option<usize>,
+    work: Work<T>,
+    shared: &Shared<T>,
+    env: &Arc<Env>,
+    keep: &mut Keep<T>,
+) {
+    match work {
+        Work::Batch(batch) => {
+            if let Some(me) = me.filter(|&me| shared.runs_own[me].load(Ordering::Relaxed)) {
+                shared.cores.look(me, &mut keep.seat, |worker| {
                     shared.runs_own[worker].load(Ordering::Relaxed)
                 });
             }
-            let batch = batch_of(&mut spare, jobs);
-            let shown = (job.total() > 1).then(|| Joinable::Batch(Arc::clone(&batch)));
+            let batch = batch_of(&mut keep.spare, batch.into_jobs());
+            let shown = batch
+                .first()
+                .is_some_and(|first| first.total() > 1)
+                .then(|| Joinable::Batch(Arc::clone(&batch)));
             run_shown(me, shared, shown, || run_batch(&batch, shared, env));
-            shared.release(from, batch.len() - 1);
-            spare = Some(emptied(batch));
-        } else {
-            // A lone job claims, and enlists helpers while a worker is free;
-            // one that turns free later joins it if it stalls.
-            let shown =
-                (whole && job.plan().max_runners > 1).then(|| Joinable::Job(Arc::clone(&job)));
+            keep.spare = Some(emptied(batch));
+        }
+        Work::Job(job) => {
+            let shown = (job.has_one_claiming_runner() && job.plan().max_runners > 1)
+                .then(|| Joinable::Job(Arc::clone(&job)));
             run_shown(me, shared, shown, || run_job(&job, shared, env));
         }
     }
 }
 
+/// Runs what a worker (`me`; `None`: the stand-in) found elsewhere.
+fn run_found<T: Send + Sync + 'static>(
+    me: Option<usize>,
+    found: Found<T>,
+    shared: &Shared<T>,
+    env: &Arc<Env>,
+    keep: &mut Keep<T>,
+) {
+    match found {
+        Found::Help(job) => run_job(&job, shared, env),
+        Found::Join(batch) => run_batch(&batch, shared, env),
+        Found::Share(work, from) => {
+            let finished = work.publishes();
+            run_work(me, work, shared, env, keep);
+            shared.share_done(from, finished);
+        }
+    }
+}
+
 /// Runs `run` on worker `me` with `shown` (work another worker may join)
-/// in its slot meanwhile, after waking a waiting worker to watch it.
-fn run_shown<T>(me: usize, shared: &Shared<T>, shown: Option<Joinable<T>>, run: impl FnOnce()) {
+/// in its slot meanwhile, after waking a waiting worker to watch it. The
+/// stand-in (`None`) shows nothing: it is no worker another would watch.
+fn run_shown<T: Send + Sync + 'static>(
+    me: Option<usize>,
+    shared: &Shared<T>,
+    shown: Option<Joinable<T>>,
+    run: impl FnOnce(),
+) {
+    let Some(me) = me else {
+        return run();
+    };
     let joinable = shown.is_some();
     if joinable {
         drop(shared.show_running(me, shown));
@@ -105,7 +171,7 @@ fn run_shown<T>(me: usize, shared: &Shared<T>, shown: Option<Joinable<T>>, run: 
 fn run_job<T: Send + Sync + 'static>(job: &Arc<Fanout<T>>, shared: &Shared<T>, env: &Arc<Env>) {
     let mut runner = PoolRunner {
         shared,
-        job,
+        job: Some(job),
         env,
         place: Place::Worker,
     };
@@ -114,15 +180,12 @@ fn run_job<T: Send + Sync + 'static>(job: &Arc<Fanout<T>>, shared: &Shared<T>, e
     env.counters.add(&tally);
 }
 
-/// Runs (or joins) `batch` on a worker.
+/// Runs (or joins) `batch` on a worker. A batch's runners enlist no
+/// helpers: the job is only for that.
 fn run_batch<T: Send + Sync + 'static>(batch: &Batch<T>, shared: &Shared<T>, env: &Arc<Env>) {
-    let Some(first) = batch.first() else {
-        return;
-    };
-    // A batch's runners enlist no helpers: the job is only for that.
     let mut runner = PoolRunner {
         shared,
-        job: first,
+        job: None,
         env,
         place: Place::Worker,
     };
@@ -155,288 +218,97 @@ fn emptied<T: Send + Sync + 'static>(mut batch: Arc<Batch<T>>) -> Arc<Batch<T>> 
     batch
 }
 
-/// The tickets queued right behind `job` on queue `from` (worker `me`'s
-/// own, or the one it took `job` from) that are publishes to the same
-/// subscriptions (a burst to one topic), up to [`MAX_BATCH`], after `job`:
-/// run together, they walk the subscriptions once (see
-/// [`Batch`]). The first ticket that does not fit is left in
-/// `stash`. Only what is already queued is taken, so a lone publish runs as
-/// soon as it comes.
+/// What worker `me` does next: its own lane if it was started for it (and
+/// then it has begun to serve it), then work a stalled worker is held up
+/// on, then the posted job; waits for its bell when there is nothing.
+/// `Stop` once stopping and all is run.
 ///
-/// A worker taking over from a stalled one takes a batch too, of at most
-/// half of what that worker has left: one ticket at a time, it would walk
-/// that worker's subscriptions a publish at a time beside it, and an
-/// ordered subscription would take a runner's turn per message.
-pub(super) fn gather_batch<T: Send + Sync + 'static>(
-    me: usize,
-    from: usize,
-    shared: &Shared<T>,
-    job: Arc<Fanout<T>>,
-    stash: &mut Option<Ticket<T>>,
-) -> Jobs<T> {
-    let mut jobs = Jobs::new();
-    jobs.push(job);
-    // A helper takes at most half of what is left, as work stealing does:
-    // the owner, still at work on its own batch, runs the rest.
-    let limit = if from == me {
-        MAX_BATCH
-    } else {
-        1 + (shared.queues[from].len() / 2).min(MAX_BATCH - 1)
-    };
-    // Nothing queued behind (a lone publish): no room to hold and give back.
-    while jobs.len() < limit && !shared.queues[from].is_empty() {
-        // Held before it is taken, so the room is never counted twice.
-        shared.held[from].fetch_add(1, Ordering::SeqCst);
-        let taken = shared.tickets[from].try_recv();
-        let fits = match &taken {
-            Ok(Ticket::Run(next)) => next.has_one_claiming_runner() && jobs[0].same_chunks(next),
-            _ => false,
-        };
-        if !fits {
-            shared.release(from, 1);
-        }
-        match taken {
-            Ok(Ticket::Run(next)) if fits => jobs.push(next),
-            Ok(Ticket::Wake) => {
-                shared.took(from, &Ticket::Wake);
-                if from != me {
-                    // Another worker's wake-up is its own (see
-                    // `take_elsewhere`).
-                    shared.wake(from);
-                    break;
-                }
-                // A wake-up is no work, and this worker is awake.
-            }
-            Ok(other) => {
-                *stash = Some(other);
-                break;
-            }
-            Err(_) => break,
-        }
-    }
-    let took_work = jobs.len() > 1 || stash.is_some();
-    if from != me && took_work && shared.stopping.load(Ordering::SeqCst) {
-        // As for the ticket itself (see `take_elsewhere`): a ticket left in
-        // `stash` came from that queue too.
-        shared.wake(from);
-    }
-    jobs
-}
-
-/// The next ticket for worker `me`: its `next`, its own queue, then a
-/// stalled worker's; waits on its own when there is nothing to take.
-/// `None` once stopping and all empty.
-fn next_ticket<T: Send + Sync + 'static>(
+/// Whatever needs the worker at its own lane rings its bell (a push that
+/// found the lane without it, a server leaving the lane with work left),
+/// and a bell stays rung until the worker waits: so the worker looks at
+/// its lane at the top of each turn, and not again before it waits.
+fn next_step<T: Send + Sync + 'static>(
     me: usize,
     shared: &Shared<T>,
     watch: &mut Watch,
-) -> Option<(Ticket<T>, usize)> {
-    let ticket = shared
-        .take_next(me)
-        .map(|ticket| (ticket, me))
-        .or_else(|| look_for_ticket(me, shared, watch));
-    // A wake-up is no work: the worker stays free through it.
-    let work = matches!(
-        ticket,
-        Some((Ticket::Run(_) | Ticket::Help(_) | Ticket::Join(_), _))
-    );
-    if work {
-        shared.started[me].fetch_add(1, Ordering::SeqCst);
-        if shared.free[me].load(Ordering::Relaxed) {
-            shared.free[me].store(false, Ordering::SeqCst);
-        }
-    }
-    // Helping (a posted job, a stalled worker's batch) is no work of its
-    // own, even when the ticket is counted to its own queue.
-    let own = matches!(ticket, Some((Ticket::Run(_), from)) if from == me);
-    if shared.runs_own[me].load(Ordering::Relaxed) != own {
-        shared.runs_own[me].store(own, Ordering::Relaxed);
-    }
-    ticket
-}
-
-/// [`next_ticket`]'s search: the ticket, and the queue it came from.
-pub(super) fn look_for_ticket<T: Send + Sync + 'static>(
-    me: usize,
-    shared: &Shared<T>,
-    watch: &mut Watch,
-) -> Option<(Ticket<T>, usize)> {
+) -> Step<T> {
     loop {
-        if let Some(found) = take_own(me, shared) {
-            return Some(found);
+        if shared.lanes[me].worker_begins() {
+            return Step::Own;
         }
-        match take_elsewhere(me, shared, watch) {
-            Elsewhere::Took(ticket, from) => return Some((ticket, from)),
+        // Nothing of its own left, whatever it helps with or waits for next.
+        if !shared.free[me].load(Ordering::Relaxed) {
+            shared.free[me].store(true, Ordering::SeqCst);
+        }
+        if shared.runs_own[me].load(Ordering::Relaxed) {
+            shared.runs_own[me].store(false, Ordering::Relaxed);
+        }
+        let workers = shared.lanes.len();
+        match shared.take_from((1..workers).map(|offset| (me + offset) % workers), watch) {
+            Elsewhere::Took(found) => return Step::Found(found),
             Elsewhere::Watching => {
                 if let Some(job) = shared.take_wanted() {
-                    return Some((Ticket::Help(job), me));
+                    return Step::Found(Found::Help(job));
                 }
-                if let Ok(ticket) = shared.tickets[me].recv_timeout(STALL) {
-                    shared.took(me, &ticket);
-                    return Some((ticket, me));
-                }
+                shared.wait(me, Some(STALL));
                 continue;
             }
             Elsewhere::Nothing => {}
         }
         if shared.stopping.load(Ordering::SeqCst) {
-            return None;
+            if !shared.lanes[me].is_busy() {
+                return Step::Stop;
+            }
+            // Another worker serves a share of this lane: it rings this one
+            // if it leaves work behind.
+            shared.wait(me, Some(STALL));
+            continue;
         }
-        shared.waiting[me].store(true, Ordering::SeqCst);
-        shared.idle.fetch_add(1, Ordering::SeqCst);
+        shared.announce_wait(me);
         // Looked at after announcing the wait: see `Shared::share_rest`. A
-        // worker that was waking up when this one passed its queue by, or
-        // was taking a wake-up from it, may be in a slow handler now with
-        // work queued behind it.
+        // worker that was waking up when this one passed its lane by may be
+        // in a slow handler now with work queued behind it.
         if shared.stranded_work(me) {
-            end_wait(me, shared);
+            shared.end_wait(me);
             continue;
         }
         // Looked at after announcing the wait: see `Shared::want_help`.
         if let Some(job) = shared.take_wanted() {
-            end_wait(me, shared);
-            return Some((Ticket::Help(job), me));
+            shared.end_wait(me);
+            return Step::Found(Found::Help(job));
         }
-        // Disconnected (every handle gone): the caller looks again, and
-        // stops once all is run.
-        let ticket = match shared.tickets[me].recv() {
-            Ok(ticket) => {
-                shared.took(me, &ticket);
-                ticket
-            }
-            Err(_) => Ticket::Wake,
-        };
-        end_wait(me, shared);
-        return Some((ticket, me));
-    }
-}
-
-/// A ticket from worker `me`'s own queue.
-fn take_own<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) -> Option<(Ticket<T>, usize)> {
-    if let Ok(ticket) = shared.tickets[me].try_recv() {
-        shared.took(me, &ticket);
-        return Some((ticket, me));
-    }
-    if !shared.free[me].load(Ordering::Relaxed) {
-        shared.free[me].store(true, Ordering::SeqCst);
-    }
-    // Nothing of its own left, whatever it helps with or waits for next.
-    if shared.runs_own[me].load(Ordering::Relaxed) {
-        shared.runs_own[me].store(false, Ordering::Relaxed);
-    }
-    None
-}
-
-/// Work of another worker that is not waiting, in the batch it runs, in
-/// its `next` or queued to it: joined or taken if that worker is stalled
-/// (or, for queued work, the pool is stopping), else watched.
-pub(super) fn take_elsewhere<T: Send + Sync + 'static>(
-    me: usize,
-    shared: &Shared<T>,
-    watch: &mut Watch,
-) -> Elsewhere<T> {
-    let workers = shared.tickets.len();
-    take_from(
-        (1..workers).map(|offset| (me + offset) % workers),
-        shared,
-        watch,
-    )
-}
-
-/// [`take_elsewhere`] from the workers `others`.
-fn take_from<T: Send + Sync + 'static>(
-    others: impl Iterator<Item = usize>,
-    shared: &Shared<T>,
-    watch: &mut Watch,
-) -> Elsewhere<T> {
-    let stopping = shared.stopping.load(Ordering::SeqCst);
-    let mut watching = false;
-    for other in others {
-        let queued = shared.queued_work(other) > 0;
-        let next = shared.has_next(other);
-        if shared.waiting[other].load(Ordering::SeqCst)
-            || !(queued || next || shared.runs_joinable(other))
-        {
-            // A waiting worker takes its own: what it was woken for must
-            // still be there.
-            watch[other] = None;
-            continue;
-        }
-        if !stopping && !shared.stalled(other, watch) {
-            watching = true;
-            continue;
-        }
-        // What its running work has left is held up now; what is queued,
-        // after it.
-        if let Some(ticket) = shared.joinable(other) {
-            return Elsewhere::Took(ticket, other);
-        }
-        if let Some(ticket) = next.then(|| shared.take_next(other)).flatten() {
-            watch[other] = None;
-            return Elsewhere::Took(ticket, other);
-        }
-        if !queued {
-            continue;
-        }
-        match shared.tickets[other].try_recv() {
-            // Another worker's wake-up is its own: handed back, or that
-            // worker could wait for ever.
-            Ok(Ticket::Wake) => {
-                shared.took(other, &Ticket::Wake);
-                shared.wake(other);
-            }
-            Ok(ticket) => {
-                shared.took(other, &ticket);
-                watch[other] = None;
-                if stopping {
-                    // The stop's wake-up may have found this queue full
-                    // with what was just taken: its worker must not wait
-                    // on it for ever. (No one queues after the stop, so
-                    // there is room.)
-                    shared.wake(other);
-                }
-                return Elsewhere::Took(ticket, other);
-            }
-            Err(_) => {}
-        }
-    }
-    if watching {
-        Elsewhere::Watching
-    } else {
-        Elsewhere::Nothing
+        shared.wait(me, None);
+        shared.end_wait(me);
     }
 }
 
 /// Runs, on a thread that is no worker (a `close` waiting from inside a
 /// handler, which may hold up a worker: in a pool of one, the only one),
 /// one piece of work a stalled worker is held up on, as a worker with
-/// nothing of its own would take it (see [`take_elsewhere`]): what that
-/// worker runs and another may join, its `next`, or its queue's head, run
-/// alone. Returns whether it ran any.
+/// nothing of its own would take it: what that worker runs and another may
+/// join, or a share of its lane. Returns whether it ran any.
 pub(super) fn stand_in<T: Send + Sync + 'static>(
     shared: &Shared<T>,
     env: &Arc<Env>,
     watch: &mut Watch,
 ) -> bool {
     let before = watch.clone();
-    let Elsewhere::Took(ticket, from) = take_from(0..shared.queues.len(), shared, watch) else {
+    let Elsewhere::Took(found) = shared.take_from(0..shared.lanes.len(), watch) else {
         return false;
     };
     // The worker it took from is still held up (its started count has not
-    // moved): keep watching it from then, not anew, or every ticket taken
+    // moved): keep watching it from then, not anew, or every piece taken
     // costs another `STALL` and a burst queued behind the caller drains at
-    // one ticket a millisecond.
-    watch[from] = before[from];
-    match ticket {
-        Ticket::Run(job) | Ticket::Help(job) => run_job(&job, shared, env),
-        Ticket::Join(batch) => run_batch(&batch, shared, env),
-        Ticket::Wake => {}
+    // one piece a millisecond.
+    for (now, then) in watch.iter_mut().zip(before) {
+        if now.is_none() {
+            *now = then;
+        }
     }
+    let mut keep = Keep {
+        spare: None,
+        seat: Seat::new(),
+    };
+    run_found(None, found, shared, env, &mut keep);
     true
-}
-
-/// Worker `me` no longer waits (woken, or it found work after announcing).
-fn end_wait<T>(me: usize, shared: &Shared<T>) {
-    shared.idle.fetch_sub(1, Ordering::SeqCst);
-    shared.waiting[me].store(false, Ordering::SeqCst);
 }
