@@ -1164,7 +1164,7 @@ impl Drop for Abandoned {
 impl<T: Send + Sync + 'static> BusInner<T> {
     /// The end of closing, once everything accepted has finished: no more
     /// work can arrive, so the streams end and the workers stop with nothing
-    /// queued behind their stop tickets. Idempotent.
+    /// queued. Idempotent.
     fn finish_close(&self) {
         self.trie.close_streams();
         self.shared.close_streams();

@@ -413,12 +413,10 @@ fn loom_pool_delivers_everything_and_stops() {
 
 #[test]
 fn loom_two_workers_deliver_everything_and_stop() {
-    // One ticket per queue: the second publish finds its queue full or
-    // taken by the other worker, and each wake-up reaches its own worker.
+    // One publish per queue: the second publish finds its lane full or
+    // taken by the other worker, and each bell reaches its own worker.
     // Three threads and the help post: two preemptions take seconds, three
-    // about five minutes (`LOOM_MAX_PREEMPTIONS=3` runs that; it is the
-    // depth that finds a stop wake-up lost to a worker taking from a full
-    // queue, the bug the hand-back rule in `pool/worker.rs` fixes).
+    // far longer (`LOOM_MAX_PREEMPTIONS=3` runs that).
     model_bounded(2, || pool_delivers_everything_and_stops(2, 2));
 }
 
@@ -515,10 +513,10 @@ fn pool_delivers_everything_and_stops(workers: usize, queue_capacity: usize) {
 /// the first, 1 and 3 to the second), and the handler of subscription
 /// `slow` (the unit the runner that claims `slow`-th gets) blocks until the
 /// other three have run. Whatever the interleaving, a worker takes what is
-/// queued behind the blocked one, even when it passed that queue by while
-/// its owner was still waking up, or took a wake-up from it ahead of work
-/// (loom reports a deadlock otherwise: one worker waiting on its empty
-/// queue, the other in the handler, a runner left queued).
+/// queued behind the blocked one, even when it passed that lane by while
+/// its owner was still waking up (loom reports a deadlock otherwise: one
+/// worker waiting for its bell, the other in the handler, a runner left
+/// queued).
 fn slow_handler_strands_no_runner_queued_behind_it(slow: u64) {
     use crate::config::Batch;
     use loom::sync::{Condvar, Mutex};
@@ -566,8 +564,7 @@ fn slow_handler_strands_no_runner_queued_behind_it(slow: u64) {
 
 /// The second unit blocks: the other worker, done with its own queue,
 /// must not wait while work is queued for this one, whatever it found
-/// there when it looked (a wake-up ahead of a runner is handed back, not
-/// taken): `pool/shared.rs`, `Shared::stranded_work`.
+/// there when it looked: `pool/shared.rs`, `Shared::stranded_work`.
 #[test]
 fn loom_a_slow_second_unit_strands_no_runner() {
     slow_handler_strands_no_runner_queued_behind_it(1);
@@ -635,10 +632,11 @@ fn loom_a_blocked_handler_strands_nothing_of_its_batch() {
 
 /// Publishes to two topics with the same home worker (worker 0), one
 /// subscription each: the first's handler blocks until the second's has
-/// run. Worker 0 may take the second publish off its queue while gathering
-/// a batch behind the first, to run next (it does not fit the batch):
-/// whatever the interleaving, worker 1 gets it, from worker 0's queue or
-/// from its `next` (`pool/shared.rs`); loom reports a deadlock otherwise.
+/// run. The second publish does not fit a batch behind the first, so it
+/// stays in worker 0's lane: whatever the interleaving, worker 1 gets it,
+/// as a share of that lane, and worker 0 still serves its lane when worker
+/// 1 took the first publish instead (a share's taker is no server:
+/// `lane.rs`); loom reports a deadlock otherwise.
 #[test]
 fn loom_a_blocked_handler_strands_no_publish_taken_behind_it() {
     use loom::sync::{Condvar, Mutex};
