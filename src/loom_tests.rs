@@ -3,8 +3,8 @@
 //! Run with `RUSTFLAGS="--cfg loom" cargo test --release --lib`
 //! (`.ci/run` does, in a target directory of its own). Under `--cfg loom`,
 //! `crate::sync` swaps in loom's atomics, mutexes, condition variables,
-//! threads and wakers, and model versions of the pool's channel and the
-//! mailbox's queue, so these tests run the real trie, route cache, mailbox,
+//! threads and wakers, and a model version of the mailbox's queue, so
+//! these tests run the real trie, route cache, mailbox,
 //! pool and counters while loom explores every interleaving of their
 //! synchronisation steps (within a preemption bound: `LOOM_MAX_PREEMPTIONS`,
 //! default 3 here).

@@ -384,6 +384,14 @@ fn close_from_a_sync_handler_with_another_topic_taken_behind_it() {
 /// (a5) While a `close` from a handler waits, the work it runs in place of
 /// a stalled worker may block too: `close` still gives up at its
 /// `close_timeout`, and everything runs once let go.
+///
+/// The closing handler is published first and waits until the rest is
+/// queued before it closes, so that one worker is in it while the other
+/// blocks in the first of the held-up publishes, whichever worker takes
+/// which: a worker slow to wake looks stalled, and an idle one takes its
+/// work over. Published last, the closing publish could be left queued
+/// behind two workers blocked in the held-up publishes (tests run side by
+/// side, and a worker was once slow to wake for a millisecond).
 #[test]
 fn close_from_a_sync_handler_still_times_out_when_the_held_up_work_blocks() {
     let bus = builder(DeliveryMode::WorkerPool, 2)
@@ -391,7 +399,19 @@ fn close_from_a_sync_handler_still_times_out_when_the_held_up_work_blocks() {
         .build()
         .unwrap();
     let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (_closer, closed) = closer(&bus, "t", 0, false);
+    let (go, may_close) = std::sync::mpsc::sync_channel::<()>(1);
+    let (closed_tx, closed) = std::sync::mpsc::channel();
+    let _closer = {
+        let inner = bus.clone();
+        let may_close = std::sync::Mutex::new(may_close);
+        bus.subscribe("t", move |_| {
+            let _ = may_close.lock().unwrap().recv_timeout(LIMIT);
+            let started = Instant::now();
+            let result = common::block_on(inner.close());
+            let _ = closed_tx.send((result, started.elapsed()));
+        })
+        .unwrap()
+    };
     let (started, has_started) = std::sync::mpsc::sync_channel(3);
     let _blocker = {
         let released = Arc::clone(&released);
@@ -407,11 +427,13 @@ fn close_from_a_sync_handler_still_times_out_when_the_held_up_work_blocks() {
     // Routes get homes in turn: "t" on worker 0, "s" on worker 1.
     assert!(bus.has_subscribers("t"));
     assert!(bus.has_subscribers("s"));
-    // Worker 1 blocks in the first; the others wait in its queue.
-    let mut reached = bus.publish("s", 0).unwrap();
+    // A worker in the closing handler, which waits; the other blocks in the
+    // first "s"; the others wait in worker 1's queue.
+    let mut reached = bus.publish("t", 0).unwrap();
+    reached += bus.publish("s", 0).unwrap();
     has_started.recv_timeout(LIMIT).unwrap();
     reached += (1..3).map(|i| bus.publish("s", i).unwrap()).sum::<usize>();
-    reached += bus.publish("t", 0).unwrap();
+    go.send(()).unwrap();
     let (result, took) = closed.recv_timeout(LIMIT).expect("close never returned");
     released.store(true, Ordering::SeqCst);
     assert!(

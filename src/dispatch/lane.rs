@@ -14,19 +14,20 @@
 //!   or a share and not yet run. Only the caller decides
 //!   what a full lane means (wait, run, drop: see `tasks.rs`).
 //! - *Servers* take work from the head of the queue: the lane's task
-//!   (spawned when work arrives and none is alive; at most one), and
-//!   others — a publisher that finds the lane full and nobody serving it,
-//!   or one that waited for a server that has started nothing for
-//!   [`STALL`](super::pool::STALL). A lane's task that starts while
+//!   (spawned when work arrives and none is alive; at most one), and, in
+//!   `TaskPerSubscriber`, others — a publisher that finds the lane full
+//!   and nobody serving it, or one that waited for a server that has
+//!   started nothing for [`STALL`](super::pool::STALL). A lane's task that
+//!   starts while
 //!   another server is on the lane leaves at once; that server starts a
 //!   task when it leaves with work still queued. So queued work always has
 //!   a server or a task on its way, and one lane's handlers run in one
 //!   place unless its server stalls.
 //! - A *share* is taken once, beside or instead of a stalled server (a pool
 //!   worker taking over, a `close`'s stand-in): at most half of what is
-//!   queued after the head. Its taker is no server: the lane's server still
-//!   serves the rest, and with none on the lane, the share's end starts
-//!   the lane's task again if work is left.
+//!   queued after the head. Its taker is no server: the lane's task stays
+//!   started for the rest (a lane with work queued always has its task
+//!   started or a server on it).
 //! - A server takes the consecutive publishes at the head that hold the
 //!   same deliveries (a burst to one topic), up to [`MAX_BATCH`], as one
 //!   [`Batch`]: the subscriptions are walked once for all of them. A
@@ -34,8 +35,10 @@
 //!   `tasks.rs`) runs by its own claims, never in a batch.
 //! - No user code runs under the lane's lock: work is taken out under it
 //!   and run, and dropped, after.
-//! - Publishers waiting for room are woken when a take leaves the queue at
-//!   half its capacity or less.
+//! - Publishers waiting for room are woken when a server or a share
+//!   finishes work and leaves the lane at half its capacity or less, when
+//!   the last server leaves it, and when the bus closes; otherwise their
+//!   wait ends after the `stall` they gave.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -292,8 +295,8 @@ impl<T: Send + Sync + 'static> Lane<T> {
         state
     }
 
-    /// Waits until the lane has room or its servers make a take, for at
-    /// most `stall`, even while nobody serves it (a pool's lane, whose
+    /// Waits for at most `stall` to be woken (see the module docs) while
+    /// the lane is full, even while nobody serves it (a pool's lane, whose
     /// worker is on its way), unless `no_waiting` is set: it is read under
     /// the lane's lock, which [`Self::wake_waiting`] takes to wake the
     /// waiters after setting it, so the wake-up cannot fall between the

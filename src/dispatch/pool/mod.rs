@@ -53,22 +53,25 @@
 //!   (`loom_tests.rs` checks both with a handler that blocks until the
 //!   others have run).
 //! - A worker waits on a bell of its own. A push that finds the lane
-//!   without its worker (the lane's task left it empty) rings it, and a
-//!   worker that served a share of another's lane rings that one if it
-//!   leaves work behind; the lane decides both under its lock, and a bell
-//!   stays rung until its worker waits, so nothing queued waits for a
-//!   worker asleep.
+//!   without its worker (the lane's task left it empty) rings it; the lane
+//!   decides that under its lock, and a bell stays rung until its worker
+//!   waits, so nothing queued waits for a worker asleep. A share taken from
+//!   a lane leaves that lane's task started (a lane with work queued always
+//!   has it), so its worker comes back to the rest.
 //!
-//! A queue holds `queue_capacity / workers` publishes (at least one) beside
-//! the one its worker runs; a queued publish is one runner of one publish
+//! A queue holds `queue_capacity / workers` publishes (at least one), not
+//! counting the one its worker started with: the other publishes of the
+//! batch it runs, and a share another worker took, keep their room until
+//! they have run. A queued publish is one runner of one publish
 //! (an `Arc` of its job), so a burst costs no allocation per queued runner.
 //! When a queue is full the overflow policy
 //! applies: `Wait` (the default) has the publisher wait until the queue has
 //! drained to half (only that lane wakes it: each lane has its own
 //! waiters), except on a pool worker, where it runs the job itself
 //! as `CallerRuns` does (the room it would wait for may be its own), and
-//! except once that queue's worker has started nothing for [`STALL`] while
-//! it waits and a worker is driving an async handler's future itself (at
+//! except once the lane has made no take since the publisher found it
+//! full, over a wait of up to [`STALL`], while a worker is driving an async
+//! handler's future itself (at
 //! the task cap): that future may wait for what only the publisher's thread
 //! can free (a timer of the runtime the publisher is a thread of), so the
 //! publisher runs the job itself rather than wait for ever. A worker that
@@ -88,9 +91,10 @@
 //! affinity mask has one, and keeps that mask (`cores.rs`; Linux only).
 //!
 //! Stopping sets a flag and wakes every worker and every waiting publisher
-//! (which then runs its job itself); a worker stops once every queue is
-//! empty, so everything queued before still runs. `close` and dropping the
-//! bus both stop the pool this way.
+//! (which then runs its job itself); a worker stops once its own lane is
+//! empty (no share of it out) and it finds nothing to take elsewhere, so
+//! everything queued before still runs. `close` and dropping the bus both
+//! stop the pool this way.
 //!
 //! # Files
 //! - `mod.rs` — the pool's handle: starting the workers, queueing a
@@ -489,6 +493,33 @@ mod tests {
             panic!("all 7 still queued");
         };
         assert_eq!(work.publishes(), 7);
+    }
+
+    /// A worker that announced its wait, then took the posted job, while a
+    /// publish was queued to its own lane (the push rang only it, and woke
+    /// no helper, since it was waiting; another waiting worker passed the
+    /// lane by for the same reason): before it runs what it found, it wakes
+    /// a waiting worker to watch its lane. Otherwise that publish waited
+    /// for the job it helps, even a handler blocked until it had run (found
+    /// by review; the same path was in the pool before its lanes).
+    #[test]
+    fn a_worker_that_helps_elsewhere_leaves_its_own_queued_lane_watched() {
+        let shared = Shared::<u32>::new(3, 16);
+        shared.announce_wait(1);
+        let job = &jobs_on("t", 1, 1, 10)[0];
+        assert!(shared.push(1, job).is_ok());
+        shared.announce_wait(2);
+        assert!(
+            !shared.stranded_work(2),
+            "worker 2 passes worker 1's lane by: worker 1 waits"
+        );
+        // Worker 1 takes the posted job instead of its bell's work.
+        shared.end_wait(1);
+        worker::take_found(1, &shared);
+        assert!(
+            !shared.waiting[2].load(Ordering::SeqCst),
+            "worker 2 is woken to watch worker 1's lane"
+        );
     }
 
     /// A worker with nothing of its own takes a batch from a stalled one

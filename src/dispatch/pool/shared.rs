@@ -197,8 +197,9 @@ impl<T: Send + Sync + 'static> Shared<T> {
 
     /// Queues `job` in `worker`'s lane, waiting while it is full
     /// (`Overflow::Wait`). Gives up once the bus is closing, or once the
-    /// lane has made no take for a whole [`STALL`] of the wait while a
-    /// worker drives an async handler's future itself: the caller then runs
+    /// lane has made no take since it was found full, over a wait of up to
+    /// [`STALL`], while a worker drives an async handler's future itself:
+    /// the caller then runs
     /// the job itself. That future may wait for what only the publisher's
     /// thread can free (a timer of the runtime the publisher is a thread
     /// of), and waiting on would never end. A worker that is only slow (a

@@ -9,10 +9,15 @@
 //!   is held up on: work it has started nothing new of for [`STALL`],
 //!   joined, or taken at most half of its lane at a time (the owner keeps
 //!   the rest); or anything once the pool is stopping.
-//! - A worker about to wait looks once more at its lane, for stranded work
-//!   and for the posted job after announcing its wait (see `shared.rs`).
-//! - A worker stops only once stopping and every lane is empty, so
-//!   everything queued before the stop runs.
+//! - A worker about to wait looks once more for stranded work and for the
+//!   posted job after announcing its wait (see `shared.rs`); its own lane
+//!   rings its bell. A worker that runs work found elsewhere first wakes a
+//!   waiting worker if its own lane holds work ([`take_found`]).
+//! - A worker stops once stopping, with nothing queued in its lane and no
+//!   share of it out, and nothing to take elsewhere. `close` stops the
+//!   pool only once everything accepted has run, and a worker runs its own
+//!   lane before it looks at stopping, so nothing queued before the stop
+//!   is left.
 
 use std::sync::Arc;
 
@@ -55,12 +60,24 @@ pub(super) fn work<T: Send + Sync + 'static>(me: usize, shared: &Arc<Shared<T>>,
         match next_step(me, shared, &mut watch) {
             Step::Own => serve_own(me, shared, env, &mut keep),
             Step::Found(found) => {
-                took_work(me, shared, false);
+                take_found(me, shared);
                 run_found(Some(me), found, shared, env, &mut keep);
             }
             Step::Stop => return,
         }
     }
+}
+
+/// Worker `me` is about to run work it found elsewhere (the posted job, a
+/// stalled worker's batch or a share of its lane). A publish may have
+/// been queued to its own lane while it announced its wait: that push rang
+/// only `me`, and woke no other worker to watch, since `me` was waiting;
+/// and a worker that announced its wait then passed the lane by. So a
+/// waiting worker is woken to watch that lane, or the publish would wait
+/// for whatever `me` runs now, even a handler that blocks until it has run.
+pub(super) fn take_found<T: Send + Sync + 'static>(me: usize, shared: &Shared<T>) {
+    took_work(me, shared, false);
+    shared.share_rest(me, false);
 }
 
 /// Worker `me` took work: its own lane's (`own`), or another's it helps.
@@ -224,9 +241,9 @@ fn emptied<T: Send + Sync + 'static>(mut batch: Arc<Batch<T>>) -> Arc<Batch<T>> 
 /// `Stop` once stopping and all is run.
 ///
 /// Whatever needs the worker at its own lane rings its bell (a push that
-/// found the lane without it, a server leaving the lane with work left),
-/// and a bell stays rung until the worker waits: so the worker looks at
-/// its lane at the top of each turn, and not again before it waits.
+/// found the lane without it), and a bell stays rung until the worker
+/// waits: so the worker looks at its lane at the top of each turn, and not
+/// again before it waits.
 fn next_step<T: Send + Sync + 'static>(
     me: usize,
     shared: &Shared<T>,
@@ -259,8 +276,8 @@ fn next_step<T: Send + Sync + 'static>(
             if !shared.lanes[me].is_busy() {
                 return Step::Stop;
             }
-            // Another worker serves a share of this lane: it rings this one
-            // if it leaves work behind.
+            // A share of this lane is out (its room is held): wait for it
+            // to have run.
             shared.wait(me, Some(STALL));
             continue;
         }
