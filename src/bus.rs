@@ -23,7 +23,7 @@ use crate::handler::Handler;
 use crate::handles::{Receiver, Subscription};
 use crate::message::{Message, Metadata};
 use crate::registry::entry::{
-    AsyncSink, BoxFuture, EntryControl, HandlerEntry, Sink, Subscriber, SyncSink, Tracked,
+    AsyncSink, BoxFuture, Control, Sink, StreamSubscriber, Subscriber, SyncSink, Tracked,
 };
 use crate::registry::mailbox::{Consumer, Mailbox};
 use crate::registry::quiesce::{self, Quiescence};
@@ -289,30 +289,32 @@ impl<T: Send + Sync + 'static> Bus<T> {
         id: u64,
         sink: S,
     ) -> Result<Subscription, Error> {
-        let mut made: Option<(Arc<dyn EntryControl>, Arc<str>)> = None;
+        let mut made: Option<(Control, Arc<str>)> = None;
         self.inner
             .trie
-            .insert::<Handlers>(filter, |filter| {
-                let entry = Arc::new(Subscriber::new(id, sink));
-                made = Some((Arc::clone(&entry) as Arc<dyn EntryControl>, filter));
-                entry as HandlerEntry<T>
+            .insert::<Handlers>(filter, id, |filter| {
+                let entry = Subscriber::new(sink);
+                made = Some((entry.control(), filter));
+                entry.into_handler()
             })
             .map_err(|InsertError::Closed| Error::Closed)?;
         let (control, filter) = made.expect("the trie made the entry");
-        Ok(self.handle(control, filter, Kind::Handlers))
+        Ok(self.handle(control, id, filter, Kind::Handlers))
     }
 
-    /// The user's handle on an entry the trie just took in.
+    /// The user's handle on an entry (subscription `id`) the trie just
+    /// took in.
     pub(crate) fn handle(
         &self,
-        entry: Arc<dyn EntryControl>,
+        entry: Control,
+        id: u64,
         filter: Arc<str>,
         kind: Kind,
     ) -> Subscription {
         let trie = Arc::downgrade(&self.inner.trie);
         let registry: std::sync::Weak<dyn Registry> = trie;
         let quiescence = Arc::clone(&self.inner.env.quiescence);
-        Subscription::new(entry, filter, registry, quiescence, kind)
+        Subscription::new(entry, id, filter, registry, quiescence, kind)
     }
 
     /// Subscribes an *ordered* handler: its calls never overlap, and each
@@ -518,8 +520,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let mut made = None;
         self.inner
             .trie
-            .insert::<Streams>(filter, |filter| {
-                let entry = Arc::new(Subscriber::new(
+            .insert::<Streams>(filter, id, |filter| {
+                let entry = Arc::new(StreamSubscriber::new(
                     id,
                     Mailbox::with_overflow(capacity, overflow),
                 ));
@@ -537,11 +539,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         entry: crate::registry::entry::StreamEntry<T>,
         filter: Arc<str>,
     ) -> Receiver<T> {
-        let subscription = self.handle(
-            Arc::clone(&entry) as Arc<dyn EntryControl>,
-            filter,
-            Kind::Streams,
-        );
+        let subscription = self.handle(entry.control(), entry.id(), filter, Kind::Streams);
         Receiver::new(entry, Arc::clone(&self.inner.env.counters), subscription)
     }
 
@@ -820,8 +818,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let mut made = None;
         self.inner
             .trie
-            .insert_tap(filter, |filter| {
-                let entry = Arc::new(Subscriber::new(
+            .insert_tap(filter, id, |filter| {
+                let entry = Arc::new(StreamSubscriber::new(
                     id,
                     Mailbox::with_overflow(capacity.max(1), StreamOverflow::DropOldest)
                         .owning(owns),
@@ -831,11 +829,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
             })
             .map_err(|InsertError::Closed| Error::Closed)?;
         let (entry, filter) = made.expect("insert made the entry");
-        let subscription = self.handle(
-            Arc::clone(&entry) as Arc<dyn EntryControl>,
-            filter,
-            Kind::Tap,
-        );
+        let subscription = self.handle(entry.control(), id, filter, Kind::Tap);
         Ok(Receiver::new(
             entry,
             Arc::clone(&self.inner.env.counters),

@@ -53,6 +53,11 @@
 //!   the watcher finds the lanes empty and disarms never leaves it asleep
 //!   with the publish queued, and an arm wakes a watcher asleep (a missed
 //!   wake-up would deadlock here);
+//! - a handler entry's counted pointers (`registry/counted.rs`): the last
+//!   of them to go drops the entry once, after every use of it through the
+//!   others (loom's cell reports the drop's read as a race without the
+//!   `Acquire` fence), and a flag cleared beside the count survives the
+//!   count's changes;
 //! - the grace period behind `unsubscribe_and_wait` (`registry/quiesce.rs`):
 //!   once the wait that follows a subscription's deactivation returns, no
 //!   runner is in its handler and none enters it, whether a runner entered
@@ -91,13 +96,18 @@ fn model_bounded(bound: usize, f: impl Fn() + Sync + Send + 'static) {
     builder.check(f);
 }
 
-fn handler(id: u64) -> HandlerEntry<u32> {
-    Arc::new(Subscriber::new(id, SyncSink(|_: &Message<u32>| {})))
+/// Subscription `id`: a handler doing nothing.
+fn handler(id: u64) -> (u64, HandlerEntry<u32>) {
+    (
+        id,
+        Subscriber::new(SyncSink(|_: &Message<u32>| {})).into_handler(),
+    )
 }
 
-/// Inserts a prepared entry (the trie's own filter string is not needed).
-fn insert(trie: &Trie<u32>, filter: &str, entry: HandlerEntry<u32>) {
-    assert!(trie.insert::<Handlers>(filter, |_| entry).is_ok());
+/// Inserts a prepared entry, subscription `id` (the trie's own filter
+/// string is not needed).
+fn insert(trie: &Trie<u32>, filter: &str, (id, entry): (u64, HandlerEntry<u32>)) {
+    assert!(trie.insert::<Handlers>(filter, id, |_| entry).is_ok());
 }
 
 /// A thread looking up `topic` (warming its cache slot) while the model's
@@ -183,10 +193,10 @@ fn loom_lookup_after_a_set_grows_sees_it() {
 #[test]
 fn loom_lookup_after_a_remove_never_sees_it() {
     model(|| {
-        let victim = Arc::new(Subscriber::new(1, SyncSink(|_: &Message<u32>| {})));
+        let victim = Subscriber::new(SyncSink(|_: &Message<u32>| {}));
         let trie = Arc::new(Trie::<u32>::new());
         let cache = Arc::new(RouteCache::<u32>::new(2));
-        insert(&trie, "a/b", Arc::clone(&victim) as HandlerEntry<u32>);
+        insert(&trie, "a/b", (1, victim.clone().into_handler()));
         insert(&trie, "a/+", handler(2));
         cache.route(&trie, "a/b");
         let reader = spawn_lookup(&trie, &cache, "a/b");
@@ -208,12 +218,13 @@ fn loom_a_reader_walking_a_set_sees_only_published_slots() {
 
     model(|| {
         // Room for four: one entry now, two appended during the walk.
-        let set = Arc::new(SubSet::empty().grown(handler(1)));
+        let (id, entry) = handler(1);
+        let set = Arc::new(SubSet::empty().grown(id, entry));
         let reader = {
             let set = Arc::clone(&set);
             thread::spawn(move || {
                 let len = set.len();
-                let ids: Vec<u64> = set.entries(len).map(|entry| entry.id()).collect();
+                let ids: Vec<u64> = set.entries_with_ids(len).map(|(id, _)| id).collect();
                 assert_eq!(ids, (1..=len as u64).collect::<Vec<_>>());
                 let walked = set
                     .runs(0..4)
@@ -226,7 +237,7 @@ fn loom_a_reader_walking_a_set_sees_only_published_slots() {
         for id in 2..=3 {
             // SAFETY: this thread is the set's only writer.
             #[allow(unsafe_code)]
-            let pushed = unsafe { set.try_push(handler(id)) };
+            let pushed = unsafe { set.try_push(id, handler(id).1) };
             assert!(pushed.is_ok());
         }
         reader.join().unwrap();
@@ -487,13 +498,11 @@ fn pool_delivers_everything_and_stops(workers: usize, queue_capacity: usize) {
     let trie = Trie::<u32>::new();
     for id in 0..2 {
         let calls = Arc::clone(&calls);
-        let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
-            id,
-            SyncSink(move |_: &Message<u32>| {
-                calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }),
-        ));
-        insert(&trie, "t", entry);
+        let entry: HandlerEntry<u32> = Subscriber::new(SyncSink(move |_: &Message<u32>| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }))
+        .into_handler();
+        insert(&trie, "t", (id, entry));
     }
     for value in 0..2 {
         publish_to_pool(&trie, &config, &env, &dispatcher, value);
@@ -536,22 +545,20 @@ fn slow_handler_strands_no_runner_queued_behind_it(slow: u64) {
         let trie = Trie::<u32>::new();
         for id in 0..4 {
             let others_ran = Arc::clone(&others_ran);
-            let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
-                id,
-                SyncSink(move |_: &Message<u32>| {
-                    let (count, changed) = &*others_ran;
-                    let mut count = count.lock().unwrap();
-                    if id == slow {
-                        while *count < 3 {
-                            count = changed.wait(count).unwrap();
-                        }
-                    } else {
-                        *count += 1;
-                        changed.notify_all();
+            let entry: HandlerEntry<u32> = Subscriber::new(SyncSink(move |_: &Message<u32>| {
+                let (count, changed) = &*others_ran;
+                let mut count = count.lock().unwrap();
+                if id == slow {
+                    while *count < 3 {
+                        count = changed.wait(count).unwrap();
                     }
-                }),
-            ));
-            insert(&trie, "t", entry);
+                } else {
+                    *count += 1;
+                    changed.notify_all();
+                }
+            }))
+            .into_handler();
+            insert(&trie, "t", (id, entry));
         }
         publish_to_pool(&trie, &config, &env, &dispatcher, 0);
         env.counters
@@ -602,9 +609,8 @@ fn loom_a_blocked_handler_strands_nothing_of_its_batch() {
         let trie = Trie::<u32>::new();
         for id in 0..2 {
             let second_ran = Arc::clone(&second_ran);
-            let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
-                id,
-                SyncSink(move |message: &Message<u32>| {
+            let entry: HandlerEntry<u32> =
+                Subscriber::new(SyncSink(move |message: &Message<u32>| {
                     let (count, changed) = &*second_ran;
                     let mut count = count.lock().unwrap();
                     if id == 0 {
@@ -615,9 +621,9 @@ fn loom_a_blocked_handler_strands_nothing_of_its_batch() {
                         *count += 1;
                         changed.notify_all();
                     }
-                }),
-            ));
-            insert(&trie, "t", entry);
+                }))
+                .into_handler();
+            insert(&trie, "t", (id, entry));
         }
         for value in 0..2 {
             publish_to_pool(&trie, &config, &env, &dispatcher, value);
@@ -654,22 +660,20 @@ fn loom_a_blocked_handler_strands_no_publish_taken_behind_it() {
         let trie = Trie::<u32>::new();
         for (id, topic) in [(0, "t"), (1, "u")] {
             let other_ran = Arc::clone(&other_ran);
-            let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
-                id,
-                SyncSink(move |_: &Message<u32>| {
-                    let (ran, changed) = &*other_ran;
-                    let mut ran = ran.lock().unwrap();
-                    if id == 0 {
-                        while !*ran {
-                            ran = changed.wait(ran).unwrap();
-                        }
-                    } else {
-                        *ran = true;
-                        changed.notify_all();
+            let entry: HandlerEntry<u32> = Subscriber::new(SyncSink(move |_: &Message<u32>| {
+                let (ran, changed) = &*other_ran;
+                let mut ran = ran.lock().unwrap();
+                if id == 0 {
+                    while !*ran {
+                        ran = changed.wait(ran).unwrap();
                     }
-                }),
-            ));
-            insert(&trie, topic, entry);
+                } else {
+                    *ran = true;
+                    changed.notify_all();
+                }
+            }))
+            .into_handler();
+            insert(&trie, topic, (id, entry));
         }
         for (topic, value) in [("t", 0), ("u", 1)] {
             let job = admitted_job(&trie, &config, &env, topic, value);
@@ -708,16 +712,14 @@ fn loom_closing_lets_a_publisher_waiting_for_room_go() {
         let trie = Trie::<u32>::new();
         let entry: HandlerEntry<u32> = {
             let published = Arc::clone(&published);
-            Arc::new(Subscriber::new(
-                0,
-                SyncSink(move |message: &Message<u32>| {
-                    while *message.data() == 0 && !published.load(Ordering::SeqCst) {
-                        thread::yield_now();
-                    }
-                }),
-            ))
+            Subscriber::new(SyncSink(move |message: &Message<u32>| {
+                while *message.data() == 0 && !published.load(Ordering::SeqCst) {
+                    thread::yield_now();
+                }
+            }))
+            .into_handler()
         };
-        insert(&trie, "t", entry);
+        insert(&trie, "t", (0, entry));
         let closer = {
             let dispatcher = Arc::clone(&dispatcher);
             thread::spawn(move || dispatcher.closing())
@@ -1046,13 +1048,11 @@ fn counting_handlers(trie: &Trie<u32>, subscriptions: &[(u64, &str)]) -> Arc<Std
     let calls = Arc::new(StdAtomicUsize::new(0));
     for &(id, filter) in subscriptions {
         let counted = Arc::clone(&calls);
-        let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
-            id,
-            SyncSink(move |_: &Message<u32>| {
-                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }),
-        ));
-        insert(trie, filter, entry);
+        let entry: HandlerEntry<u32> = Subscriber::new(SyncSink(move |_: &Message<u32>| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }))
+        .into_handler();
+        insert(trie, filter, (id, entry));
     }
     calls
 }
@@ -1290,13 +1290,13 @@ fn loom_a_grace_period_outlasts_every_runner_that_saw_the_subscription() {
 
     model(|| {
         let quiescence = Arc::new(Quiescence::new());
-        let entry = Arc::new(Subscriber::<u32, ()>::new(0, ()));
+        let entry = Subscriber::<u32, ()>::new(());
         // Set once the wait has returned; handlers check it as they end.
         let waited = Arc::new(AtomicBool::new(false));
         let ran = Arc::new(AtomicUsize::new(0));
         let runners: Vec<_> = (0..2)
             .map(|_| {
-                let (quiescence, entry) = (Arc::clone(&quiescence), Arc::clone(&entry));
+                let (quiescence, entry) = (Arc::clone(&quiescence), entry.clone());
                 let (waited, ran) = (Arc::clone(&waited), Arc::clone(&ran));
                 thread::spawn(move || {
                     let _present = quiescence.enter();
@@ -1344,10 +1344,10 @@ fn loom_a_renewed_presence_still_outlasts_the_calls_after_it() {
 
     model(|| {
         let quiescence = Arc::new(Quiescence::new());
-        let entry = Arc::new(Subscriber::<u32, ()>::new(0, ()));
+        let entry = Subscriber::<u32, ()>::new(());
         let waited = Arc::new(AtomicBool::new(false));
         let runner = {
-            let (quiescence, entry) = (Arc::clone(&quiescence), Arc::clone(&entry));
+            let (quiescence, entry) = (Arc::clone(&quiescence), entry.clone());
             let waited = Arc::clone(&waited);
             thread::spawn(move || {
                 let _present = quiescence.enter();
@@ -1397,11 +1397,11 @@ fn loom_unsubscribe_and_wait_outlasts_an_async_delivery() {
     model(|| {
         let quiescence = Arc::new(Quiescence::new());
         let running = Arc::new(Running::new(quiescence.id()));
-        let entry = Arc::new(Subscriber::<u32, ()>::new(0, ()));
+        let entry = Subscriber::<u32, ()>::new(());
         let waited = Arc::new(AtomicBool::new(false));
         let runner = {
             let (quiescence, running) = (Arc::clone(&quiescence), Arc::clone(&running));
-            let (entry, waited) = (Arc::clone(&entry), Arc::clone(&waited));
+            let (entry, waited) = (entry.clone(), Arc::clone(&waited));
             thread::spawn(move || {
                 let delivery = {
                     let _present = quiescence.enter();
@@ -1426,5 +1426,64 @@ fn loom_unsubscribe_and_wait_outlasts_an_async_delivery() {
         });
         waited.store(true, Ordering::SeqCst);
         runner.join().unwrap();
+    });
+}
+
+/// What a handler owned: a value the user thread writes before it lets go
+/// of its pointer, read when the entry is dropped; and a count of drops.
+struct Owned {
+    written: crate::sync::UnsafeCell<u32>,
+    drops: Arc<crate::sync::AtomicUsize>,
+}
+
+// SAFETY: the one write (the user thread's, before it drops its pointer)
+// and the read in `drop` (after the last pointer is gone) are ordered by
+// `Counted`'s release and acquire, which is what the model checks; loom's
+// cell reports them as a race otherwise.
+#[allow(unsafe_code)]
+unsafe impl Sync for Owned {}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        // SAFETY: see the `Sync` impl above.
+        #[allow(unsafe_code)]
+        let value = self.written.with(|value| unsafe { *value });
+        assert_eq!(value, 7, "the drop ran before the user's write");
+        self.drops.fetch_add(1, crate::sync::Ordering::SeqCst);
+    }
+}
+
+/// Two threads each let go of their pointers to one handler entry, one of
+/// them after writing what the entry owns and clearing its flag, the other
+/// after cloning its pointer: the entry is dropped exactly once, after the
+/// write, by whichever lets go last, and the flag stays cleared whatever
+/// the count does meanwhile.
+#[test]
+fn loom_the_last_counted_pointer_drops_the_entry_after_every_use() {
+    use crate::sync::{AtomicUsize, Ordering, UnsafeCell};
+
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let entry = Subscriber::<u32, Owned>::new(Owned {
+            written: UnsafeCell::new(0),
+            drops: Arc::clone(&drops),
+        });
+        let users = entry.clone();
+        let user = thread::spawn(move || {
+            // SAFETY: the only write, before this pointer goes (see `Owned`).
+            #[allow(unsafe_code)]
+            users.sink.written.with_mut(|value| unsafe { *value = 7 });
+            assert!(users.deactivate());
+            thread::yield_now();
+            assert!(!users.is_active(), "the cleared flag was lost");
+            drop(users);
+        });
+        // Clones and drops racing the user's: whichever pointer goes last
+        // drops the entry.
+        let kept = entry.clone();
+        drop(entry);
+        drop(kept);
+        user.join().unwrap();
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
     });
 }

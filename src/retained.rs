@@ -97,8 +97,9 @@ use crate::dispatch::{deliver_now, start_drains, InlineDeeper, Ordered, OrderedS
 use crate::error::{Error, Rejected};
 use crate::handles::{Receiver, Subscription};
 use crate::message::{Message, Metadata};
+use crate::registry::counted::Counted;
 use crate::registry::entry::{
-    BoxFuture, EntryControl, HandlerEntry, Outcome, Settled, Sink, Subscriber, Tracked,
+    BoxFuture, Control, Outcome, Settled, Sink, StreamSubscriber, Subscriber, Tracked,
 };
 use crate::registry::mailbox::{Mailbox, Reserve};
 use crate::registry::quiesce::{QueuedBehind, Running};
@@ -768,8 +769,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
             self.check_depth(filter)?;
         }
         let mut sink = Some(sink);
-        let mut made: Option<(Arc<dyn EntryControl>, Arc<str>)> = None;
-        let mut primed: Option<Arc<Subscriber<T, Primed<T, S>>>> = None;
+        let mut made: Option<(Control, Arc<str>)> = None;
+        let mut primed: Option<Counted<Subscriber<T, Primed<T, S>>>> = None;
         // Taken with a snapshot, before the subscription is visible, and
         // held until the snapshot and the live messages held back behind it
         // are delivered: `close` waits for those (their runners counted the
@@ -805,13 +806,13 @@ impl<T: Send + Sync + 'static> Bus<T> {
             let inserted = if snapshot.messages.is_empty() {
                 plain = Some(|filter: Arc<str>| {
                     let sink = sink.take().expect("the trie makes one entry");
-                    let entry = Arc::new(Subscriber::new(id, sink));
-                    made = Some((Arc::clone(&entry) as Arc<dyn EntryControl>, filter));
-                    entry as HandlerEntry<T>
+                    let entry = Subscriber::new(sink);
+                    made = Some((entry.control(), filter));
+                    entry.into_handler()
                 });
                 inner
                     .trie
-                    .insert_keeping::<Handlers>(filter, &mut plain, &mut released, refuse)
+                    .insert_keeping::<Handlers>(filter, id, &mut plain, &mut released, refuse)
             } else {
                 wrapped = Some(|filter: Arc<str>| {
                     let sink = Primed {
@@ -821,14 +822,18 @@ impl<T: Send + Sync + 'static> Bus<T> {
                         backlog: Mutex::new(VecDeque::new()),
                         capacity: inner.config.stream_capacity,
                     };
-                    let entry = Arc::new(Subscriber::new(id, sink));
-                    made = Some((Arc::clone(&entry) as Arc<dyn EntryControl>, filter));
-                    primed = Some(Arc::clone(&entry));
-                    entry as HandlerEntry<T>
+                    let entry = Subscriber::new(sink);
+                    made = Some((entry.control(), filter));
+                    primed = Some(entry.clone());
+                    entry.into_handler()
                 });
-                inner
-                    .trie
-                    .insert_keeping::<Handlers>(filter, &mut wrapped, &mut released, refuse)
+                inner.trie.insert_keeping::<Handlers>(
+                    filter,
+                    id,
+                    &mut wrapped,
+                    &mut released,
+                    refuse,
+                )
             };
             drop(store);
             drop((plain, wrapped, released, garbage));
@@ -843,7 +848,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
             }
         };
         let (control, filter) = made.expect("the trie made the entry");
-        let subscription = self.handle(control, filter, Kind::Handlers);
+        let subscription = self.handle(control, id, filter, Kind::Handlers);
         if let Some(entry) = primed {
             let _deeper = InlineDeeper::enter();
             for origin in &snapshot.messages {
@@ -909,14 +914,14 @@ impl<T: Send + Sync + 'static> Bus<T> {
             } else {
                 OrderedSink::primed(handler, id, after)
             };
-            let entry = Arc::new(Subscriber::new(id, sink));
-            made = Some((Arc::clone(&entry), filter));
-            entry as HandlerEntry<T>
+            let entry = Subscriber::new(sink);
+            made = Some((entry.clone(), filter));
+            entry.into_handler()
         });
         let inserted =
             inner
                 .trie
-                .insert_keeping::<Handlers>(filter, &mut make, &mut released, || false);
+                .insert_keeping::<Handlers>(filter, id, &mut make, &mut released, || false);
         if let Err(InsertError::Closed) = inserted {
             drop(store);
             // The user's handler, still in `handler`, goes after the lock.
@@ -949,7 +954,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
             });
         }
         drop(running);
-        Ok(self.handle(entry, filter, Kind::Handlers))
+        Ok(self.handle(entry.control(), id, filter, Kind::Handlers))
     }
 
     /// Subscribes an async ordered handler (a mailbox its drain empties),
@@ -977,7 +982,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         running.extend(queued.len() as u64);
         queue_copies(&mailbox, queued, counters);
         let mut make = Some(|filter: Arc<str>| {
-            let entry = Arc::new(Subscriber::new(id, mailbox));
+            let entry = Arc::new(StreamSubscriber::new(id, mailbox));
             if let Some(running) = entry.sink.running() {
                 let mailbox: Weak<dyn QueuedBehind> = Arc::downgrade(&entry) as _;
                 running.queue_behind(mailbox);
@@ -988,7 +993,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
         let inserted =
             inner
                 .trie
-                .insert_keeping::<Streams>(filter, &mut make, &mut released, || false);
+                .insert_keeping::<Streams>(filter, id, &mut make, &mut released, || false);
         drop(store);
         // If the bus closed, the mailbox (with the user's handler) is still
         // in the entry-maker, dropped here after the lock; and so are the
@@ -1014,7 +1019,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
             start_drains(smallvec::smallvec![Arc::clone(&entry)]);
         }
         drop(running);
-        Ok(self.handle(entry as Arc<dyn EntryControl>, filter, Kind::Streams))
+        Ok(self.handle(entry.control(), id, filter, Kind::Streams))
     }
 
     /// Subscribes a stream (not shared), with its retained snapshot if
@@ -1048,7 +1053,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
             let fitting = fitting(&mailbox, &messages, counters);
             queue_copies(&mailbox, fitting, counters);
             let mut make = Some(|filter: Arc<str>| {
-                let entry = Arc::new(Subscriber::new(id, mailbox));
+                let entry = Arc::new(StreamSubscriber::new(id, mailbox));
                 made = Some((Arc::clone(&entry), filter));
                 entry
             });
@@ -1056,7 +1061,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
             let inserted =
                 inner
                     .trie
-                    .insert_keeping::<Streams>(filter, &mut make, &mut released, refuse);
+                    .insert_keeping::<Streams>(filter, id, &mut make, &mut released, refuse);
             drop(store);
             drop((make, messages, released, garbage));
             match inserted {

@@ -64,7 +64,8 @@ use crate::error::Error;
 use crate::handles::{Receiver, Subscription};
 use crate::message::Message;
 use crate::registry::entry::{
-    BoxFuture, EntryControl, HandlerEntry, Sink, StreamEntry, Subscriber, Tracked,
+    BoxFuture, Control, EntryControl, HandlerEntry, Sink, StreamEntry, StreamSubscriber,
+    Subscriber, Tracked,
 };
 use crate::registry::mailbox::Mailbox;
 use crate::registry::quiesce::Running;
@@ -151,7 +152,7 @@ impl<T> Clone for Member<T> {
                 state,
             } => Member::Handler {
                 id: *id,
-                entry: Arc::clone(entry),
+                entry: entry.clone(),
                 set: Arc::clone(set),
                 state: Arc::clone(state),
             },
@@ -561,9 +562,9 @@ impl<T: Send + Sync + 'static> SharedGroups<T> {
 }
 
 impl<T: Send + Sync + 'static> Registry for SharedGroups<T> {
-    fn remove(&self, filter: &str, kind: Kind, entry: &dyn EntryControl) -> bool {
-        let _ = kind;
-        let Some((member, group)) = self.leave(filter, entry.id()) else {
+    fn remove(&self, filter: &str, kind: Kind, entry: &dyn EntryControl, id: u64) -> bool {
+        let _ = (kind, entry);
+        let Some((member, group)) = self.leave(filter, id) else {
             return false;
         };
         match member {
@@ -751,23 +752,20 @@ impl<T: Send + Sync + 'static> Bus<T> {
     ) -> Result<Subscription, Error> {
         let shared = &self.inner.shared;
         let filter: Arc<str> = Arc::from(filter);
-        let mut control: Option<Arc<dyn EntryControl>> = None;
+        let mut control: Option<Control> = None;
         shared.join(&filter, |group| {
             let state = Arc::new(group.member_state());
-            let entry = Arc::new(Subscriber::new(
-                id,
-                MemberSink {
-                    inner: sink,
-                    state: Arc::clone(&state),
-                    group: Arc::downgrade(group),
-                    key: Arc::clone(&filter),
-                    shared: Arc::downgrade(shared),
-                    counters: Arc::clone(&self.inner.env.counters),
-                },
-            ));
-            control = Some(Arc::clone(&entry) as Arc<dyn EntryControl>);
-            let entry = entry as HandlerEntry<T>;
-            let set = Arc::new(SubSet::empty().grown(Arc::clone(&entry)));
+            let entry = Subscriber::new(MemberSink {
+                inner: sink,
+                state: Arc::clone(&state),
+                group: Arc::downgrade(group),
+                key: Arc::clone(&filter),
+                shared: Arc::downgrade(shared),
+                counters: Arc::clone(&self.inner.env.counters),
+            });
+            control = Some(entry.control());
+            let entry = entry.into_handler();
+            let set = Arc::new(SubSet::empty().grown(id, entry.clone()));
             Member::Handler {
                 id,
                 entry,
@@ -776,7 +774,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
             }
         })?;
         let control = control.expect("join made the member");
-        Ok(self.shared_handle(control, filter, Kind::Handlers))
+        Ok(self.shared_handle(control, id, filter, Kind::Handlers))
     }
 
     /// Adds a stream to the shared group of `filter` (a valid shared filter).
@@ -787,16 +785,12 @@ impl<T: Send + Sync + 'static> Bus<T> {
         capacity: usize,
     ) -> Result<Receiver<T>, Error> {
         let filter: Arc<str> = Arc::from(filter);
-        let entry: StreamEntry<T> = Arc::new(Subscriber::new(id, Mailbox::new(capacity)));
+        let entry: StreamEntry<T> = Arc::new(StreamSubscriber::new(id, Mailbox::new(capacity)));
         self.inner.shared.join(&filter, |_| Member::Stream {
             id,
             entry: Arc::clone(&entry),
         })?;
-        let subscription = self.shared_handle(
-            Arc::clone(&entry) as Arc<dyn EntryControl>,
-            filter,
-            Kind::Streams,
-        );
+        let subscription = self.shared_handle(entry.control(), id, filter, Kind::Streams);
         Ok(Receiver::new(
             entry,
             Arc::clone(&self.inner.env.counters),
@@ -804,15 +798,10 @@ impl<T: Send + Sync + 'static> Bus<T> {
         ))
     }
 
-    fn shared_handle(
-        &self,
-        entry: Arc<dyn EntryControl>,
-        filter: Arc<str>,
-        kind: Kind,
-    ) -> Subscription {
+    fn shared_handle(&self, entry: Control, id: u64, filter: Arc<str>, kind: Kind) -> Subscription {
         let shared = Arc::downgrade(&self.inner.shared);
         let registry: Weak<dyn Registry> = shared;
         let quiescence = Arc::clone(&self.inner.env.quiescence);
-        Subscription::new(entry, filter, registry, quiescence, kind)
+        Subscription::new(entry, id, filter, registry, quiescence, kind)
     }
 }

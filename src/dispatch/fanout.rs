@@ -481,9 +481,10 @@ impl<T: Send + Sync + 'static> Fanout<T> {
             })
     }
 
-    fn entry(&self, index: usize) -> Option<&HandlerEntry<T>> {
+    /// The id of the subscription the `index`th delivery goes to.
+    fn subscription(&self, index: usize) -> Option<u64> {
         let (set, mut slots) = self.segments(index..index + 1).next()?;
-        set.get(slots.next()?)
+        set.id(slots.next()?)
     }
 }
 
@@ -493,7 +494,7 @@ pub(super) type Member<'a, T> = Option<(&'a Subscriber<T, dyn Sink<T>>, &'a dyn 
 
 /// Dereferences `slot` (see [`Member`]).
 #[inline(always)]
-pub(super) fn member<T>(slot: &Slot<T, dyn Sink<T>>) -> Member<'_, T> {
+pub(super) fn member<T>(slot: &Slot<HandlerEntry<T>>) -> Member<'_, T> {
     slot.get()
         .map(|entry| (&**entry, &entry.sink as &dyn Sink<T>))
 }
@@ -624,7 +625,7 @@ impl Exceptions {
     ) {
         tally.panics += 1;
         self.not_delivered += 1;
-        let subscription = job.entry(delivery).map(|entry| entry.id());
+        let subscription = job.subscription(delivery);
         report_panic(job.topic(), subscription, panic);
     }
 
@@ -755,13 +756,11 @@ mod tests {
         let trie = Trie::<u32>::new();
         for id in 0..HANDLERS as u64 {
             let calls = Arc::clone(&calls);
-            let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
-                id,
-                SyncSink(move |_: &Message<u32>| {
-                    calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }),
-            ));
-            assert!(trie.insert::<Handlers>("t", |_| entry).is_ok());
+            let entry: HandlerEntry<u32> = Subscriber::new(SyncSink(move |_: &Message<u32>| {
+                calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }))
+            .into_handler();
+            assert!(trie.insert::<Handlers>("t", id, |_| entry).is_ok());
         }
         // The grain follows the clock, which a busy machine (a debug build
         // beside others) can keep over a microsecond per unit: stopped
@@ -820,20 +819,18 @@ mod tests {
         let unblock = Arc::new((released, entered));
         for id in 0..HANDLERS {
             let (seen, unblock) = (Arc::clone(&seen), Arc::clone(&unblock));
-            let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
-                id,
-                SyncSink(move |m: &Message<u32>| {
-                    if id == 0 && *m.data() == 0 {
-                        // The owner blocks here until the joiner is done.
-                        let _ = unblock.1.lock().unwrap().send(());
-                        let _ = unblock.0.lock().unwrap().recv();
-                    }
-                    seen.lock()
-                        .unwrap()
-                        .push((id, *m.data(), std::thread::current().id()));
-                }),
-            ));
-            assert!(trie.insert::<Handlers>("t", |_| entry).is_ok());
+            let entry: HandlerEntry<u32> = Subscriber::new(SyncSink(move |m: &Message<u32>| {
+                if id == 0 && *m.data() == 0 {
+                    // The owner blocks here until the joiner is done.
+                    let _ = unblock.1.lock().unwrap().send(());
+                    let _ = unblock.0.lock().unwrap().recv();
+                }
+                seen.lock()
+                    .unwrap()
+                    .push((id, *m.data(), std::thread::current().id()));
+            }))
+            .into_handler();
+            assert!(trie.insert::<Handlers>("t", id, |_| entry).is_ok());
         }
         let sets = RouteCache::<u32>::new(2).route(&trie, "t").handler_sets();
         let jobs = three_publishes(&sets, &config).into_iter().collect();
@@ -902,16 +899,14 @@ mod tests {
         let mut entries = Vec::new();
         for id in 0..HANDLERS {
             let seen = Arc::clone(&seen);
-            let entry: HandlerEntry<u32> = Arc::new(Subscriber::new(
-                id,
-                SyncSink(move |m: &Message<u32>| {
-                    // Subscription 2 panics on the second publish.
-                    assert!(!(id == 2 && *m.data() == 1), "handler panic");
-                    seen.lock().unwrap().push((id, *m.data()));
-                }),
-            ));
-            entries.push(Arc::clone(&entry));
-            assert!(trie.insert::<Handlers>("t", |_| entry).is_ok());
+            let entry: HandlerEntry<u32> = Subscriber::new(SyncSink(move |m: &Message<u32>| {
+                // Subscription 2 panics on the second publish.
+                assert!(!(id == 2 && *m.data() == 1), "handler panic");
+                seen.lock().unwrap().push((id, *m.data()));
+            }))
+            .into_handler();
+            entries.push(entry.clone());
+            assert!(trie.insert::<Handlers>("t", id, |_| entry).is_ok());
         }
         assert!(entries[4].deactivate(), "subscription 4 was removed");
         let sets = RouteCache::<u32>::new(2).route(&trie, "t").handler_sets();

@@ -33,7 +33,7 @@
 use std::fmt;
 use std::sync::{Arc, Weak};
 
-use crate::registry::entry::EntryControl;
+use crate::registry::entry::Control;
 use crate::registry::quiesce::Quiescence;
 use crate::registry::{Kind, Registry};
 
@@ -60,7 +60,8 @@ use crate::registry::{Kind, Registry};
 /// ```
 #[must_use = "dropping a Subscription unsubscribes it at once; call .detach() to keep it for the life of the bus"]
 pub struct Subscription {
-    entry: Arc<dyn EntryControl>,
+    entry: Control,
+    id: u64,
     /// Shared with the trie node: no allocation per subscription.
     filter: Arc<str>,
     /// The trie it is in, weakly: a handle does not keep the bus alive.
@@ -73,7 +74,8 @@ pub struct Subscription {
 
 impl Subscription {
     pub(crate) fn new(
-        entry: Arc<dyn EntryControl>,
+        entry: Control,
+        id: u64,
         filter: Arc<str>,
         registry: Weak<dyn Registry>,
         quiescence: Arc<Quiescence>,
@@ -81,6 +83,7 @@ impl Subscription {
     ) -> Self {
         Self {
             entry,
+            id,
             filter,
             registry,
             quiescence,
@@ -95,7 +98,7 @@ impl Subscription {
     fn remove(&self, compact: bool) {
         match self.registry.upgrade() {
             Some(registry) => {
-                registry.remove(&self.filter, self.kind, &*self.entry);
+                registry.remove(&self.filter, self.kind, &*self.entry, self.id);
                 if compact {
                     registry.compact(&self.filter, self.kind);
                 }
@@ -108,7 +111,7 @@ impl Subscription {
 
     /// The subscription's id, unique within its bus.
     pub fn id(&self) -> u64 {
-        self.entry.id()
+        self.id
     }
 
     /// The filter it subscribed with.

@@ -8,14 +8,19 @@
 //!   [`Subscriber::deactivate`] returns no delivery that had not already
 //!   started will begin, even one queued long before. Removing the entry from
 //!   the trie afterwards is housekeeping.
-//! - One allocation per subscription holds the flag, the id and the user's
-//!   closure, so a delivery is one pointer read, one flag load and one
-//!   indirect call, and consecutive subscriptions' entries sit next to each
-//!   other in memory. The entry is kept small because a fan-out walks
+//! - One allocation per handler subscription holds one header word and the
+//!   user's closure, so a delivery is one pointer read, one flag load and
+//!   one indirect call, and consecutive subscriptions' entries sit next to
+//!   each other in memory. The entry is kept small because a fan-out walks
 //!   thousands of them and its cost follows the cache lines it touches: the
-//!   id and the flag share one word, so a closure holding two `Arc`s makes
-//!   a 40-byte entry (a 48-byte heap chunk; with a word each, 64). The
-//!   filter string and the way back to the trie live in the user's handle.
+//!   header holds both the flag and the count of pointers to the entry
+//!   ([`Counted`], not `Arc`), so a closure holding two `Arc`s makes a
+//!   24-byte entry, a 32-byte heap chunk, as a plain `Box` of it would
+//!   (with `Arc` and a word for the flag and the id, 40 bytes: a 48-byte
+//!   chunk). The id, the filter string and the way back to the trie live in
+//!   the user's handle; the sets keep the ids beside their slots.
+//! - A stream subscription's entry ([`StreamSubscriber`]) is held by `Arc`
+//!   (a drain holds its mailbox weakly) and keeps its id beside the flag.
 //! - The entry knows nothing of the trie: handles reach it through
 //!   [`EntryControl`], and the trie through [`Registry`](super::Registry).
 
@@ -23,6 +28,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use super::counted::{Counted, Headed};
 use super::mailbox::Mailbox;
 use super::quiesce::{QueuedBehind, Running};
 use crate::handler::Handler;
@@ -130,75 +136,166 @@ pub(crate) trait Tracked {
     fn deactivated(&self) {}
 }
 
-/// One subscription's entry. `repr(C)` keeps the flag next to the sink, in
-/// the line a delivery touches.
+/// A handler subscription's entry, held by [`Counted`] pointers.
+/// `repr(C)` puts the header first, where `Counted` finds it, and keeps the
+/// flag next to the sink, in the line a delivery touches.
 #[repr(C)]
 pub(crate) struct Subscriber<T, S: ?Sized> {
-    /// The id shifted left by one, with [`ACTIVE`] as the low bit: one word
-    /// instead of two keeps a closure holding two `Arc`s in a 48-byte heap
-    /// chunk instead of 64, so a fan-out walks a third less memory.
+    /// [`ACTIVE`] as the low bit, and above it the count of the
+    /// [`Counted`] pointers to the entry: one word for both keeps a closure
+    /// holding two `Arc`s in a 32-byte heap chunk, the size of a plain
+    /// `Box` of it (see `counted.rs`). The subscription's id is kept by its
+    /// handle and its sets, not here.
     state: AtomicU64,
     _message: std::marker::PhantomData<fn(&T)>,
     pub(crate) sink: S,
 }
 
+// SAFETY: `repr(C)` with `state`, an `AtomicU64`, first; only `Counted`
+// changes its bits above `ACTIVE`.
+#[allow(unsafe_code)]
+unsafe impl<T, S: ?Sized> Headed for Subscriber<T, S> {}
+
 impl<T, S> Subscriber<T, S> {
-    pub(crate) fn new(id: u64, sink: S) -> Self {
-        debug_assert!(id < 1 << 63, "ids are counted from zero");
-        Self {
-            state: AtomicU64::new(id << 1 | ACTIVE),
+    /// A new active entry, and the first pointer to it.
+    pub(crate) fn new(sink: S) -> Counted<Self> {
+        Counted::new(Self {
+            state: AtomicU64::new(ACTIVE),
             _message: std::marker::PhantomData,
             sink,
-        }
+        })
     }
 }
 
 impl<T, S: ?Sized> Subscriber<T, S> {
-    pub(crate) fn id(&self) -> u64 {
-        self.state.load(Ordering::Relaxed) >> 1
-    }
-
-    /// Whether the subscription is still subscribed.
-    ///
-    /// Relaxed: the flag guards no data (the sink is published with the
-    /// slot that holds the entry, and never changes), and what orders this
-    /// read against a `deactivate` is the `SeqCst` fence every runner issues
-    /// when it enters (`quiesce.rs`): a load after a `SeqCst` fence sees any
-    /// `SeqCst` modification that precedes the fence, whatever the load's
-    /// own ordering. An acquire load adds no guarantee here, and it kept
-    /// the compiler from reusing the entry's field offsets (computed from
-    /// the sink's vtable) between this check and the delivery.
+    /// Whether the subscription is still subscribed (see [`is_active`]).
     #[inline]
     pub(crate) fn is_active(&self) -> bool {
-        self.state.load(Ordering::Relaxed) & ACTIVE != 0
+        is_active(&self.state)
     }
 
     /// Stops all deliveries that have not started yet. Returns whether this
     /// call was the one that deactivated it.
     pub(crate) fn deactivate(&self) -> bool {
-        // SeqCst: a grace period (see `quiesce.rs`) relies on this clear
-        // being ordered before its epoch flip.
-        self.state.fetch_and(!ACTIVE, Ordering::SeqCst) & ACTIVE != 0
+        deactivate(&self.state)
     }
 }
 
+impl<T: 'static, S: Sink<T> + Tracked + Send + Sync + 'static> Counted<Subscriber<T, S>> {
+    /// This pointer as the handler sets hold it.
+    pub(crate) fn into_handler(self) -> HandlerEntry<T> {
+        // SAFETY: an unsizing coercion of the same pointer.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.unsize(|entry| entry as *mut Subscriber<T, dyn Sink<T>>)
+        }
+    }
+
+    /// Another pointer to the entry, as its user's handle holds it.
+    pub(crate) fn control(&self) -> Control {
+        // SAFETY: an unsizing coercion of the same pointer.
+        #[allow(unsafe_code)]
+        let control = unsafe { self.clone().unsize(|entry| entry as *mut dyn EntryControl) };
+        Control::Handler(control)
+    }
+}
+
+/// A stream subscription's entry, held by `Arc`s (an async ordered
+/// handler's drain holds its mailbox weakly: `retained.rs`).
+pub(crate) struct StreamSubscriber<T> {
+    /// The id shifted left by one, with [`ACTIVE`] as the low bit.
+    state: AtomicU64,
+    pub(crate) sink: Mailbox<T>,
+}
+
+impl<T> StreamSubscriber<T> {
+    pub(crate) fn new(id: u64, sink: Mailbox<T>) -> Self {
+        debug_assert!(id < 1 << 63, "ids are counted from zero");
+        Self {
+            state: AtomicU64::new(id << 1 | ACTIVE),
+            sink,
+        }
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.state.load(Ordering::Relaxed) >> 1
+    }
+
+    /// Whether the subscription is still subscribed (see [`is_active`]).
+    #[inline]
+    pub(crate) fn is_active(&self) -> bool {
+        is_active(&self.state)
+    }
+
+    /// See [`Subscriber::deactivate`].
+    pub(crate) fn deactivate(&self) -> bool {
+        deactivate(&self.state)
+    }
+}
+
+/// Whether the entry whose state word is `state` is still subscribed.
+///
+/// Relaxed: the flag guards no data (the sink is published with the
+/// slot that holds the entry, and never changes), and what orders this
+/// read against a `deactivate` is the `SeqCst` fence every runner issues
+/// when it enters (`quiesce.rs`): a load after a `SeqCst` fence sees any
+/// `SeqCst` modification that precedes the fence, whatever the load's
+/// own ordering. An acquire load adds no guarantee here, and it kept
+/// the compiler from reusing the entry's field offsets (computed from
+/// the sink's vtable) between this check and the delivery.
+#[inline]
+fn is_active(state: &AtomicU64) -> bool {
+    state.load(Ordering::Relaxed) & ACTIVE != 0
+}
+
+/// Clears the flag in `state`; whether this call cleared it.
+fn deactivate(state: &AtomicU64) -> bool {
+    // SeqCst: a grace period (see `quiesce.rs`) relies on this clear
+    // being ordered before its epoch flip.
+    state.fetch_and(!ACTIVE, Ordering::SeqCst) & ACTIVE != 0
+}
+
 /// A handler subscription's entry.
-pub(crate) type HandlerEntry<T> = Arc<Subscriber<T, dyn Sink<T>>>;
+pub(crate) type HandlerEntry<T> = Counted<Subscriber<T, dyn Sink<T>>>;
 
 /// A stream subscription's entry.
-pub(crate) type StreamEntry<T> = Arc<Subscriber<T, Mailbox<T>>>;
+pub(crate) type StreamEntry<T> = Arc<StreamSubscriber<T>>;
 
 /// An async ordered subscription's mailbox holds the messages waiting for
 /// its current call (see `quiesce::Caller`).
-impl<T: Send + Sync> QueuedBehind for Subscriber<T, Mailbox<T>> {
+impl<T: Send + Sync> QueuedBehind for StreamSubscriber<T> {
     fn queued(&self) -> u64 {
         self.sink.len() as u64
     }
 }
 
+/// A user's handle on its entry: counted for a handler, shared for a
+/// stream.
+pub(crate) enum Control {
+    Handler(Counted<dyn EntryControl>),
+    Stream(Arc<dyn EntryControl>),
+}
+
+impl std::ops::Deref for Control {
+    type Target = dyn EntryControl;
+
+    fn deref(&self) -> &(dyn EntryControl + 'static) {
+        match self {
+            Control::Handler(entry) => &**entry,
+            Control::Stream(entry) => &**entry,
+        }
+    }
+}
+
+impl<T: Send + Sync + 'static> StreamSubscriber<T> {
+    /// Another pointer to the entry, as its user's handle holds it.
+    pub(crate) fn control(self: &Arc<Self>) -> Control {
+        Control::Stream(Arc::clone(self) as Arc<dyn EntryControl>)
+    }
+}
+
 /// What a user's handle can do with its entry, without knowing `T`.
 pub(crate) trait EntryControl: Send + Sync {
-    fn id(&self) -> u64;
     /// See [`Subscriber::deactivate`].
     fn deactivate(&self) -> bool;
     /// See [`Tracked::running`].
@@ -210,10 +307,6 @@ pub(crate) trait EntryControl: Send + Sync {
 }
 
 impl<T, S: Tracked + Send + Sync> EntryControl for Subscriber<T, S> {
-    fn id(&self) -> u64 {
-        Subscriber::id(self)
-    }
-
     fn deactivate(&self) -> bool {
         let first = Subscriber::deactivate(self);
         if first {
@@ -228,6 +321,24 @@ impl<T, S: Tracked + Send + Sync> EntryControl for Subscriber<T, S> {
 
     fn owns_resources(&self) -> bool {
         std::mem::needs_drop::<S>()
+    }
+}
+
+impl<T: Send + Sync> EntryControl for StreamSubscriber<T> {
+    fn deactivate(&self) -> bool {
+        let first = StreamSubscriber::deactivate(self);
+        if first {
+            self.sink.deactivated();
+        }
+        first
+    }
+
+    fn running(&self) -> Option<Arc<Running>> {
+        self.sink.running()
+    }
+
+    fn owns_resources(&self) -> bool {
+        std::mem::needs_drop::<Mailbox<T>>()
     }
 }
 

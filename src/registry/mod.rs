@@ -1,6 +1,8 @@
 //! The registry: who is subscribed, and what a topic reaches.
 //!
 //! - `entry.rs` — one subscription's entry: its flag and its sink.
+//! - `counted.rs` — the pointer a handler entry is held by: its count
+//!   shares the entry's header word with the flag.
 //! - `mailbox.rs` — a stream subscription's bounded mailbox.
 //! - `ordered_log.rs` — the messages a node's ordered handlers have yet to
 //!   run, shared by them.
@@ -37,6 +39,7 @@
 //! `handler` and `sync`. The entry knows nothing of the trie; a handle goes
 //! back to the trie through [`Registry`].
 
+pub(crate) mod counted;
 pub(crate) mod entry;
 pub(crate) mod mailbox;
 pub(crate) mod ordered_log;
@@ -65,9 +68,10 @@ pub(crate) enum Kind {
 /// What a user's handle can ask of the trie it subscribed in, without
 /// knowing the bus's message type.
 pub(crate) trait Registry: Send + Sync {
-    /// Removes the entry subscribed under `filter`: clears its flag, then
-    /// tidies the trie. False if it was already removed.
-    fn remove(&self, filter: &str, kind: Kind, entry: &dyn EntryControl) -> bool;
+    /// Removes the entry (subscription `id`) subscribed under `filter`:
+    /// clears its flag, then tidies the trie. False if it was already
+    /// removed.
+    fn remove(&self, filter: &str, kind: Kind, entry: &dyn EntryControl, id: u64) -> bool;
     /// Rebuilds `filter`'s set of `kind` without its dead entries, so they
     /// are released now rather than at the next compaction.
     fn compact(&self, filter: &str, kind: Kind);

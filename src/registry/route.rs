@@ -216,9 +216,9 @@ impl<T> Route<T> {
     pub(crate) fn active_ids(&self) -> Vec<u64> {
         self.handler_sets()
             .iter()
-            .flat_map(|set| set.entries(set.len()))
-            .filter(|entry| entry.is_active())
-            .map(|entry| entry.id())
+            .flat_map(|set| set.entries_with_ids(set.len()))
+            .filter(|(_, entry)| entry.is_active())
+            .map(|(id, _)| id)
             .collect()
     }
 
@@ -365,15 +365,16 @@ fn build<T: 'static>(trie: &Trie<T>, topic: &str, hash: u64, home: Home) -> Rout
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::registry::entry::{HandlerEntry, Subscriber, SyncSink};
+    use crate::registry::counted::Counted;
+    use crate::registry::entry::{Subscriber, SyncSink};
     use crate::registry::trie::Handlers;
 
-    type Entry = Arc<Subscriber<u32, SyncSink<fn(&Message<u32>)>>>;
+    type Entry = Counted<Subscriber<u32, SyncSink<fn(&Message<u32>)>>>;
 
     fn subscribe(trie: &Trie<u32>, filter: &str, id: u64) -> Entry {
-        let entry: Entry = Arc::new(Subscriber::new(id, SyncSink(|_| {})));
-        let inserted = Arc::clone(&entry) as HandlerEntry<u32>;
-        assert!(trie.insert::<Handlers>(filter, |_| inserted).is_ok());
+        let entry: Entry = Subscriber::new(SyncSink(|_| {}));
+        let inserted = entry.clone().into_handler();
+        assert!(trie.insert::<Handlers>(filter, id, |_| inserted).is_ok());
         entry
     }
 

@@ -52,10 +52,9 @@ use std::sync::{Arc, OnceLock};
 use rustc_hash::{FxBuildHasher, FxHashMap};
 use smallvec::SmallVec;
 
-use super::entry::{EntryControl, Sink, Subscriber};
-use super::mailbox::Mailbox;
+use super::entry::{EntryControl, HandlerEntry, StreamEntry};
 use super::ordered_log::OrderedLog;
-use super::subset::{HandlerSet, StreamSet, SubSet};
+use super::subset::{HandlerSet, SetEntry, StreamSet, SubSet};
 use super::{Kind, Registry};
 use crate::sync::{
     ArcCell, AtomicBool, AtomicU64, AtomicUsize, CellGuard, Mutex, MutexGuard, Ordering,
@@ -265,12 +264,13 @@ impl<T> NodeSubs<T> {
 
 /// Which of a node's two sets an operation is about.
 pub(crate) trait SetKind<T>: 'static {
-    type Sink: ?Sized + 'static;
+    /// What its sets hold.
+    type Entry: SetEntry + 'static;
     /// Whether these are stream subscriptions (see [`Trie::had_streams`]).
     const STREAMS: bool;
-    fn cell(subs: &NodeSubs<T>) -> &ArcCell<SubSet<T, Self::Sink>>;
+    fn cell(subs: &NodeSubs<T>) -> &ArcCell<SubSet<Self::Entry>>;
     /// Keeps a replaced set of this kind for dropping after the lock.
-    fn release(released: &mut Released<T>, set: Arc<SubSet<T, Self::Sink>>);
+    fn release(released: &mut Released<T>, set: Arc<SubSet<Self::Entry>>);
 }
 
 /// Handler subscriptions (sync and async).
@@ -279,7 +279,7 @@ pub(crate) enum Handlers {}
 pub(crate) enum Streams {}
 
 impl<T: 'static> SetKind<T> for Handlers {
-    type Sink = dyn Sink<T>;
+    type Entry = HandlerEntry<T>;
     const STREAMS: bool = false;
     fn cell(subs: &NodeSubs<T>) -> &ArcCell<HandlerSet<T>> {
         &subs.handlers
@@ -290,7 +290,7 @@ impl<T: 'static> SetKind<T> for Handlers {
 }
 
 impl<T: 'static> SetKind<T> for Streams {
-    type Sink = Mailbox<T>;
+    type Entry = StreamEntry<T>;
     const STREAMS: bool = true;
     fn cell(subs: &NodeSubs<T>) -> &ArcCell<StreamSet<T>> {
         &subs.streams
@@ -457,19 +457,26 @@ impl<T: 'static> Trie<T> {
         self.writer.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds a subscription under `filter` (a valid filter). `make` builds its
-    /// entry from the filter string the node shares with its entries.
+    /// Adds subscription `id` under `filter` (a valid filter). `make` builds
+    /// its entry from the filter string the node shares with its entries.
     pub(crate) fn insert<K: SetKind<T>>(
         &self,
         filter: &str,
-        make: impl FnOnce(Arc<str>) -> Arc<Subscriber<T, K::Sink>>,
+        id: u64,
+        make: impl FnOnce(Arc<str>) -> K::Entry,
     ) -> Result<(), InsertError> {
         let mut released = Released::new();
         // Passed by reference: if the bus is closed, the entry-maker (which
         // owns the user's closure) is dropped here, after the lock, too.
         let mut make = Some(make);
-        let result =
-            self.insert_locked::<K>(&mut self.lock(), filter, false, &mut make, &mut released);
+        let result = self.insert_locked::<K>(
+            &mut self.lock(),
+            filter,
+            id,
+            false,
+            &mut make,
+            &mut released,
+        );
         drop(released);
         result
     }
@@ -494,12 +501,19 @@ impl<T: 'static> Trie<T> {
     pub(crate) fn insert_tap(
         &self,
         filter: &str,
-        make: impl FnOnce(Arc<str>) -> Arc<Subscriber<T, Mailbox<T>>>,
+        id: u64,
+        make: impl FnOnce(Arc<str>) -> StreamEntry<T>,
     ) -> Result<(), InsertError> {
         let mut released = Released::new();
         let mut make = Some(make);
-        let result =
-            self.insert_locked::<Streams>(&mut self.lock(), filter, true, &mut make, &mut released);
+        let result = self.insert_locked::<Streams>(
+            &mut self.lock(),
+            filter,
+            id,
+            true,
+            &mut make,
+            &mut released,
+        );
         drop(released);
         result
     }
@@ -569,7 +583,8 @@ impl<T: 'static> Trie<T> {
     pub(crate) fn insert_keeping<K: SetKind<T>>(
         &self,
         filter: &str,
-        make: &mut Option<impl FnOnce(Arc<str>) -> Arc<Subscriber<T, K::Sink>>>,
+        id: u64,
+        make: &mut Option<impl FnOnce(Arc<str>) -> K::Entry>,
         released: &mut Released<T>,
         refuse: impl FnOnce() -> bool,
     ) -> Result<bool, InsertError> {
@@ -577,7 +592,7 @@ impl<T: 'static> Trie<T> {
         if !writer.closed && refuse() {
             return Ok(false);
         }
-        self.insert_locked::<K>(&mut writer, filter, false, make, released)
+        self.insert_locked::<K>(&mut writer, filter, id, false, make, released)
             .map(|()| true)
     }
 
@@ -593,8 +608,9 @@ impl<T: 'static> Trie<T> {
         &self,
         writer: &mut Writer<T>,
         filter: &str,
+        id: u64,
         hidden: bool,
-        make: &mut Option<impl FnOnce(Arc<str>) -> Arc<Subscriber<T, K::Sink>>>,
+        make: &mut Option<impl FnOnce(Arc<str>) -> K::Entry>,
         released: &mut Released<T>,
     ) -> Result<(), InsertError> {
         if writer.closed {
@@ -626,10 +642,10 @@ impl<T: 'static> Trie<T> {
             // of this trie is written only under it, so this thread is the
             // set's only writer.
             #[allow(unsafe_code)]
-            let pushed = unsafe { set.try_push(entry) };
+            let pushed = unsafe { set.try_push(id, entry) };
             if let Err(entry) = pushed {
                 // Routes hold the node, not the set: no generation bump.
-                K::release(released, cell.swap(Arc::new(set.grown(entry))));
+                K::release(released, cell.swap(Arc::new(set.grown(id, entry))));
             }
             K::release(released, set);
             return Ok(());
@@ -637,7 +653,7 @@ impl<T: 'static> Trie<T> {
         let subs = Arc::new(NodeSubs::new(filter));
         subs.had_streams.store(K::STREAMS, Ordering::SeqCst);
         let entry = make(Arc::clone(&subs.filter));
-        K::cell(&subs).store(Arc::new(SubSet::empty().grown(entry)));
+        K::cell(&subs).store(Arc::new(SubSet::empty().grown(id, entry)));
         writer
             .by_filter
             .insert(Arc::clone(&subs.filter), Arc::clone(&subs));
@@ -798,7 +814,7 @@ impl<T: 'static> Trie<T> {
 }
 
 impl<T: Send + Sync + 'static> Registry for Trie<T> {
-    fn remove(&self, filter: &str, kind: Kind, entry: &dyn EntryControl) -> bool {
+    fn remove(&self, filter: &str, kind: Kind, entry: &dyn EntryControl, _id: u64) -> bool {
         match kind {
             Kind::Handlers => Trie::remove::<Handlers>(self, filter, false, entry),
             Kind::Streams => Trie::remove::<Streams>(self, filter, false, entry),

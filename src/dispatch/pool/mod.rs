@@ -411,8 +411,8 @@ mod tests {
         let trie = Trie::<u32>::new();
         for id in 0..handlers {
             let entry: HandlerEntry<u32> =
-                Arc::new(Subscriber::new(id, SyncSink(|_: &Message<u32>| {})));
-            assert!(trie.insert::<Handlers>(topic, |_| entry).is_ok());
+                Subscriber::new(SyncSink(|_: &Message<u32>| {})).into_handler();
+            assert!(trie.insert::<Handlers>(topic, id, |_| entry).is_ok());
         }
         let cache = RouteCache::<u32>::new(2);
         (0..publishes)
