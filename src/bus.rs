@@ -20,7 +20,7 @@ use crate::dispatch::{
 };
 use crate::error::{Error, Rejected};
 use crate::handler::Handler;
-use crate::handles::{Receiver, Subscription};
+use crate::handles::{Links, Receiver, Subscription};
 use crate::message::{Message, Metadata};
 use crate::registry::entry::{
     AsyncSink, BoxFuture, Control, Sink, StreamSubscriber, Subscriber, SyncSink, Tracked,
@@ -88,6 +88,8 @@ pub(crate) struct BusInner<T> {
     pub(crate) retained: RetainedStore<T>,
     /// Shared subscription groups (`shared.rs`).
     pub(crate) shared: Arc<SharedGroups<T>>,
+    /// What its subscriptions' handles share.
+    pub(crate) links: Arc<Links>,
     /// Reply topics and request deadlines (`request.rs`).
     pub(crate) requests: Requests,
     /// Set when `close` is called (`closing.rs`).
@@ -148,15 +150,23 @@ impl<T: Send + Sync + 'static> Bus<T> {
             overflow: config.overflow,
         });
         let dispatcher = Dispatcher::start(&config, &env)?;
+        let trie = Arc::new(Trie::new());
+        let shared = Arc::new(SharedGroups::new(config.share_policy, &env));
+        let links = Arc::new(Links::new(
+            quiescence,
+            Arc::downgrade(&trie) as std::sync::Weak<dyn Registry>,
+            Arc::downgrade(&shared) as std::sync::Weak<dyn Registry>,
+        ));
         let bus = Self {
             inner: Arc::new(BusInner {
                 retained: RetainedStore::new(&config),
-                shared: Arc::new(SharedGroups::new(config.share_policy, &env)),
+                shared,
+                links,
                 requests: Requests::new(),
                 closing: Closing::new(),
                 policy: Policy::new(&config),
                 routes: RouteCache::new(config.route_cache_capacity),
-                trie: Arc::new(Trie::new()),
+                trie,
                 env,
                 dispatcher,
                 next_id: AtomicU64::new(1),
@@ -311,10 +321,8 @@ impl<T: Send + Sync + 'static> Bus<T> {
         filter: Arc<str>,
         kind: Kind,
     ) -> Subscription {
-        let trie = Arc::downgrade(&self.inner.trie);
-        let registry: std::sync::Weak<dyn Registry> = trie;
-        let quiescence = Arc::clone(&self.inner.env.quiescence);
-        Subscription::new(entry, id, filter, registry, quiescence, kind)
+        let links = Arc::clone(&self.inner.links);
+        Subscription::new(entry, id, filter, links, false, kind)
     }
 
     /// Subscribes an *ordered* handler: its calls never overlap, and each

@@ -799,9 +799,7 @@ impl<T: Send + Sync + 'static> Bus<T> {
     }
 
     fn shared_handle(&self, entry: Control, id: u64, filter: Arc<str>, kind: Kind) -> Subscription {
-        let shared = Arc::downgrade(&self.inner.shared);
-        let registry: Weak<dyn Registry> = shared;
-        let quiescence = Arc::clone(&self.inner.env.quiescence);
-        Subscription::new(entry, id, filter, registry, quiescence, kind)
+        let links = Arc::clone(&self.inner.links);
+        Subscription::new(entry, id, filter, links, true, kind)
     }
 }

@@ -262,13 +262,14 @@ pub fn raw_shared_counter(subscribers: usize) -> RawClosures {
     })
 }
 
-/// [`raw_shared_counter`]'s closures, each padded to the size of a
-/// subscription's entry (40 bytes: the closure's two `Arc`s, the entry's
-/// reference counts and its state word), so each takes the 48-byte heap
-/// chunk an entry takes. The raw loop's 16-byte closures take 32-byte
-/// chunks: with the vector of boxes, 48 bytes a handler, where the bus
-/// walks 72 (a 24-byte slot and the entry). Set beside the raw loop, it
-/// shows how much of the bus's cost is that memory rather than dispatch.
+/// [`raw_shared_counter`]'s closures, each padded to 40 bytes, so each
+/// takes a 48-byte heap chunk where the raw loop's 16-byte closures take
+/// 32: the size a subscription's entry took (an `Arc`'s two counts, a
+/// state word and the closure) until the entry's one header word held
+/// both its count and its flag (`registry/counted.rs`, forty-first
+/// session). Set beside the raw loop, it shows what that third more
+/// memory a handler costs the same loop; the bus now walks the raw loop's
+/// 48 bytes a handler (a 16-byte slot and a 32-byte chunk).
 pub fn raw_shared_counter_entry_sized(subscribers: usize) -> RawClosures {
     raw_closures(subscribers, |counter, completion| {
         let padding = [0u64; 3];

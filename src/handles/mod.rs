@@ -7,4 +7,5 @@ mod receiver;
 mod subscription;
 
 pub use receiver::{Receiver, RecvError, TryRecvError, TryRecvLaggedError};
+pub(crate) use subscription::Links;
 pub use subscription::Subscription;

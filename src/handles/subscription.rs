@@ -64,30 +64,57 @@ pub struct Subscription {
     id: u64,
     /// Shared with the trie node: no allocation per subscription.
     filter: Arc<str>,
-    /// The trie it is in, weakly: a handle does not keep the bus alive.
-    registry: Weak<dyn Registry>,
-    /// The bus's runners, strongly: they can outlive the bus's handles.
-    quiescence: Arc<Quiescence>,
+    /// What every handle of its bus shares (one pointer where three would
+    /// make each handle 16 bytes larger).
+    links: Arc<Links>,
     kind: Kind,
+    /// In a shared group (`$share/...`) rather than the trie.
+    in_group: bool,
     armed: bool,
 }
 
+/// What the handles of one bus share.
+pub(crate) struct Links {
+    /// The bus's runners, strongly: they can outlive the bus's handles.
+    quiescence: Arc<Quiescence>,
+    /// The trie, weakly: a handle does not keep the bus alive.
+    trie: Weak<dyn Registry>,
+    /// The shared groups, weakly.
+    groups: Weak<dyn Registry>,
+}
+
+impl Links {
+    pub(crate) fn new(
+        quiescence: Arc<Quiescence>,
+        trie: Weak<dyn Registry>,
+        groups: Weak<dyn Registry>,
+    ) -> Self {
+        Self {
+            quiescence,
+            trie,
+            groups,
+        }
+    }
+}
+
 impl Subscription {
+    /// The handle on entry `id`, subscribed under `filter` in the trie or,
+    /// `in_group`, in a shared group.
     pub(crate) fn new(
         entry: Control,
         id: u64,
         filter: Arc<str>,
-        registry: Weak<dyn Registry>,
-        quiescence: Arc<Quiescence>,
+        links: Arc<Links>,
+        in_group: bool,
         kind: Kind,
     ) -> Self {
         Self {
             entry,
             id,
             filter,
-            registry,
-            quiescence,
+            links,
             kind,
+            in_group,
             armed: true,
         }
     }
@@ -96,7 +123,12 @@ impl Subscription {
     /// its flag); `compact` also rebuilds its set so the entry is released
     /// at once.
     fn remove(&self, compact: bool) {
-        match self.registry.upgrade() {
+        let registry = if self.in_group {
+            &self.links.groups
+        } else {
+            &self.links.trie
+        };
+        match registry.upgrade() {
             Some(registry) => {
                 registry.remove(&self.filter, self.kind, &*self.entry, self.id);
                 if compact {
@@ -187,7 +219,7 @@ impl Subscription {
         let running = self.entry.running();
         // Waited for even with the bus gone: its workers and tasks may still
         // be inside the handler (the flag is cleared, so none starts a call).
-        let quiescence = Arc::clone(&self.quiescence);
+        let quiescence = Arc::clone(&self.links.quiescence);
         drop(self);
         async move {
             quiescence.wait_for_readers().await;

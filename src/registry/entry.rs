@@ -400,3 +400,39 @@ impl<F> Tracked for AsyncSink<F> {
         Some(Arc::clone(&self.running))
     }
 }
+
+// Plain unit tests: under `--cfg loom` the header is loom's atomic.
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// The memory a fan-out walks per handler (`counted.rs`): a closure
+    /// holding two `Arc`s makes a 24-byte entry, one word beyond the
+    /// closure, which is what a plain `Box` of it would ask the allocator
+    /// for a 32-byte chunk as well; and the handle's pointer and the sets'
+    /// share the one count.
+    #[test]
+    fn a_handler_entry_is_one_word_beyond_its_closure() {
+        let (a, b) = (Arc::new(1u64), Arc::new(2u64));
+        let closure = move |_: &Message<u64>| {
+            let _ = (&a, &b);
+        };
+        assert_eq!(std::mem::size_of_val(&closure), 16);
+        let entry = Subscriber::new(SyncSink(closure));
+        let control = entry.control();
+        let handler = entry.into_handler();
+        assert_eq!(std::mem::size_of_val(&*handler), 24);
+        assert_eq!(
+            std::mem::size_of::<HandlerEntry<u64>>(),
+            16,
+            "a slot is one fat pointer"
+        );
+        assert!(handler.is_active());
+        assert!(control.deactivate());
+        assert!(
+            !handler.is_active(),
+            "the handle and the set share the flag"
+        );
+        assert!(!control.deactivate(), "deactivated once");
+    }
+}

@@ -95,7 +95,7 @@ pub(crate) type StreamSet<T> = SubSet<StreamEntry<T>>;
 const MIN_CAPACITY: usize = 4;
 
 /// Segments of a set, inline while there are few: a compacted set (one
-/// segment) costs two allocations, its segment and the set itself.
+/// segment) costs three allocations: its slots, their ids and the set.
 type Segments<E> = SmallVec<[Segment<E>; 2]>;
 
 pub(crate) struct SubSet<E> {
@@ -208,7 +208,18 @@ impl<E: SetEntry> SubSet<E> {
     /// with [`Self::len`]).
     pub(crate) fn entries_with_ids(&self, len: usize) -> impl Iterator<Item = (u64, &E)> {
         let len = len.min(self.len());
-        (0..len).filter_map(move |index| Some((self.id(index)?, self.get(index)?)))
+        self.segments
+            .iter()
+            .zip(&self.starts)
+            .flat_map(move |(segment, &start)| {
+                let to = len.saturating_sub(start).min(segment.len());
+                // The length, loaded above with `Acquire`, publishes the ids
+                // stored before it, as it does the slots.
+                view(segment, 0..to, to)
+                    .iter()
+                    .zip(&segment.ids[..to])
+                    .filter_map(|(slot, id)| Some((id.load(Ordering::Relaxed), slot.get()?)))
+            })
     }
 
     /// Appends `entry`, subscription `id`, into spare capacity, or hands
