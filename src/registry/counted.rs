@@ -18,7 +18,7 @@
 //!   alive), a drop takes one away with `Release`, and the drop that takes
 //!   the last one issues an `Acquire` fence before it drops the entry, so
 //!   every use of the entry through other pointers happens before that.
-//!   More than 2^62 pointers abort the process, as `Arc` does past
+//!   More than 2^61 pointers abort the process, as `Arc` does past
 //!   `isize::MAX`.
 //!
 //! # Why not `Arc`
@@ -40,8 +40,8 @@ use crate::sync::{fence, AtomicU64, Ordering};
 
 /// One pointer in the header word: the count sits above the flag bit.
 const ONE: u64 = 2;
-/// Past this many pointers the count would reach the flag's neighbour
-/// bits' end: abort, as `Arc` does on overflow.
+/// A header at or past this (2^61 pointers) aborts the next clone, long
+/// before the count could wrap: as `Arc` does on overflow.
 const MAX: u64 = 1 << 62;
 
 /// A type whose first word, at offset zero, is its header (see the module
@@ -49,7 +49,9 @@ const MAX: u64 = 1 << 62;
 ///
 /// # Safety
 /// The type is `repr(C)` and its first field is a [`AtomicU64`] (from
-/// `crate::sync`) that no code other than [`Counted`] changes above bit 0.
+/// `crate::sync`) that no code other than [`Counted`] changes above bit 0,
+/// and every value of the type is made with those bits zero (no pointer
+/// counted yet), as [`Counted::new`] takes it.
 pub(crate) unsafe trait Headed {}
 
 /// A counted pointer to a boxed entry (see the module docs).
@@ -69,15 +71,16 @@ unsafe impl<E: ?Sized + Send + Sync> Send for Counted<E> {}
 unsafe impl<E: ?Sized + Send + Sync> Sync for Counted<E> {}
 
 impl<E: Headed> Counted<E> {
-    /// Boxes `entry`, whose header must read a count of zero (flag bits
-    /// as the caller wants them), and counts this pointer.
+    /// Boxes `entry`, whose header reads a count of zero (`Headed`'s
+    /// contract; the flag bit as its maker set it), and counts this pointer.
     pub(crate) fn new(entry: E) -> Self {
         let entry = NonNull::from(Box::leak(Box::new(entry)));
         let counted = Self {
             entry,
             _owns: PhantomData,
         };
-        counted.header().fetch_add(ONE, Ordering::Relaxed);
+        let before = counted.header().fetch_add(ONE, Ordering::Relaxed);
+        debug_assert_eq!(before >> 1, 0, "an entry made with pointers counted");
         counted
     }
 }
@@ -174,7 +177,8 @@ mod tests {
         header: AtomicU64,
         sink: S,
     }
-    // SAFETY: `repr(C)`, the header first; only `Counted` changes it.
+    // SAFETY: `repr(C)`, the header first; only `Counted` changes its count
+    // bits, and the tests make every entry with none counted.
     unsafe impl<S: ?Sized> Headed for Entry<S> {}
 
     trait Named {

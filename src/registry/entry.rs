@@ -152,7 +152,8 @@ pub(crate) struct Subscriber<T, S: ?Sized> {
 }
 
 // SAFETY: `repr(C)` with `state`, an `AtomicU64`, first; only `Counted`
-// changes its bits above `ACTIVE`.
+// changes its bits above `ACTIVE`, and `Subscriber::new`, the one maker,
+// starts them at zero.
 #[allow(unsafe_code)]
 unsafe impl<T, S: ?Sized> Headed for Subscriber<T, S> {}
 
