@@ -285,23 +285,22 @@ impl<E: SetEntry> SubSet<E> {
         let mut live = self
             .entries_with_ids(len)
             .filter(|(_, entry)| entry.is_active());
-        let mut ids = Vec::with_capacity(capacity);
+        let ids: Arc<[AtomicU64]> = std::iter::repeat_with(|| AtomicU64::new(0))
+            .take(capacity)
+            .collect();
+        let mut filled = 0;
         // Mapping a range collects straight into the segment's allocation.
         let slots: Arc<[WriteOnce<E>]> = (0..capacity)
             .map(|_| match live.next() {
                 Some((id, entry)) => {
-                    ids.push(AtomicU64::new(id));
+                    ids[filled].store(id, Ordering::Relaxed);
+                    filled += 1;
                     WriteOnce::filled(entry.clone())
                 }
                 None => WriteOnce::empty(),
             })
             .collect();
-        let filled = ids.len();
-        ids.resize_with(capacity, || AtomicU64::new(0));
-        let segment = Segment {
-            slots,
-            ids: ids.into(),
-        };
+        let segment = Segment { slots, ids };
         debug_assert!(
             filled == count && live.next().is_none(),
             "the live count disagrees with the active entries"
